@@ -1,0 +1,101 @@
+//! What a transport must provide. A transport connects this rank to its
+//! peers and moves bytes; it never knows which collective runs.
+//!
+//! Setup has two phases so addresses can travel through the rendezvous
+//! root: [`Transport::listen`] returns an [`Endpoint`] whose
+//! [`Endpoint::address`] every rank publishes, then [`Endpoint::connect`]
+//! builds one [`Link`] per peer from everyone's addresses. The endpoint
+//! lives as long as the communicator (it may keep rejecting strangers).
+//!
+//! A [`Link`] is a *message link*: a few ordered, full-duplex byte streams
+//! to one peer, driven without blocking (the executor multiplexes every
+//! link of a call on one thread and waits with `poll(2)` on their fds).
+
+use crate::config::Config;
+use crate::error::Result;
+use crate::handshake::Secret;
+use std::io::{IoSlice, IoSliceMut};
+use std::net::IpAddr;
+use std::os::fd::RawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What a transport needs to know to set up links of one communicator.
+#[derive(Clone, Debug)]
+pub struct SetupCtx {
+    pub comm_id: u64,
+    pub secret: Secret,
+    pub rank: usize,
+    pub nranks: usize,
+    pub config: Config,
+    /// Local address chosen by `OXCCL_SOCKET_IFNAME` rules.
+    pub bind_addr: IpAddr,
+}
+
+/// A way to reach peers (TCP, shared memory, RDMA, ...).
+pub trait Transport: Send + Sync {
+    /// Short name (`tcp`), as `OXCCL_TRANSPORT` spells it.
+    fn name(&self) -> &'static str;
+    /// Start accepting connections for one communicator.
+    fn listen(&self, ctx: &SetupCtx) -> Result<Box<dyn Endpoint>>;
+}
+
+/// One rank's side of a transport for one communicator.
+pub trait Endpoint: Send {
+    /// The bytes peers need to reach this endpoint (published at bootstrap).
+    fn address(&self) -> Vec<u8>;
+    /// Connect to every peer in `peers` (rank, its published address) and
+    /// return one link per peer, in any order, by the deadline.
+    fn connect(
+        &mut self,
+        ctx: &SetupCtx,
+        peers: &[(usize, Vec<u8>)],
+        deadline: Instant,
+    ) -> Result<Vec<(usize, Box<dyn Link>)>>;
+}
+
+/// Ordered, full-duplex, non-blocking byte streams to one peer.
+pub trait Link: Send {
+    /// Number of independent streams (at least 1).
+    fn streams(&self) -> usize;
+    /// Write some of `bufs` to `stream`; `ErrorKind::WouldBlock` when full.
+    fn write(&mut self, stream: usize, bufs: &[IoSlice<'_>]) -> std::io::Result<usize>;
+    /// Read into `bufs` from `stream`; `Ok(0)` is end of stream (the peer
+    /// closed), `ErrorKind::WouldBlock` when nothing is there yet.
+    fn read(&mut self, stream: usize, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<usize>;
+    /// The fd that becomes readable/writable for `stream`.
+    fn fd(&self, stream: usize) -> RawFd;
+    /// Close every stream (both directions); later calls fail.
+    fn close(&mut self);
+}
+
+/// What a rank tells the others about itself at bootstrap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerInfo {
+    pub rank: usize,
+    /// Host name, for messages.
+    pub hostname: String,
+    /// Identifies the host (same value = same machine: shared memory works).
+    pub host_id: u64,
+    pub pid: u32,
+    /// One published address per transport of the communicator's set.
+    pub addrs: Vec<Vec<u8>>,
+}
+
+/// Chooses, for one peer, which transport of the set serves it.
+pub type Chooser = dyn Fn(&Config, &PeerInfo, &PeerInfo) -> Result<usize> + Send + Sync;
+
+/// The transports a communicator may use and the rule that picks one per
+/// peer. The facade builds this; `comm-core` knows no concrete transport.
+#[derive(Clone)]
+pub struct Transports {
+    pub list: Vec<Arc<dyn Transport>>,
+    pub choose: Arc<Chooser>,
+}
+
+impl Transports {
+    /// A set with one transport used for every peer.
+    pub fn single(t: Arc<dyn Transport>) -> Transports {
+        Transports { list: vec![t], choose: Arc::new(|_, _, _| Ok(0)) }
+    }
+}
