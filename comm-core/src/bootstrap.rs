@@ -1,0 +1,559 @@
+//! Rendezvous through a root, and the control plane that stays up after.
+//!
+//! The root (started by `UniqueId::new`, in the launcher or in rank 0's
+//! process) accepts one control connection per rank, checks the handshake,
+//! collects every rank's [`PeerInfo`] and sends the full table back. The
+//! connections then stay open for the communicator's life: a rank that
+//! fails sends an `Abort` with its cause and the root relays it to all
+//! others; a rank whose connection ends without `Goodbye` (crash, kill) is
+//! announced to all survivors as lost. So every survivor learns *which*
+//! rank failed within milliseconds, whichever transport it used.
+//!
+//! Strangers (wrong secret, other communicator, duplicate rank, garbage,
+//! silence) are rejected and logged; each connection is handled on its own
+//! thread with a read deadline, so none can block the others.
+
+use crate::error::{Error, Result};
+use crate::handshake::{self, Hello, Purpose, Secret, ROOT};
+use crate::transport::PeerInfo;
+use crate::wire::{self, Put, Reader};
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MSG_REGISTER: u8 = 1;
+const MSG_ABORT: u8 = 2;
+const MSG_GOODBYE: u8 = 3;
+const MSG_TABLE: u8 = 10;
+const MSG_REJECT: u8 = 11;
+const MSG_NOTICE: u8 = 12;
+
+/// Most ranks one communicator may have (bounds decoder allocations).
+pub const MAX_RANKS: usize = 1 << 16;
+/// Read deadline for a connection to finish its handshake and registration.
+const DOOR_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the job is failing, as relayed between ranks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// `rank` died or dropped its connection without saying goodbye.
+    Lost { rank: usize, detail: String },
+    /// `origin` failed (or aborted) with this message.
+    Failed { origin: usize, aborted: bool, message: String },
+}
+
+impl Notice {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = vec![MSG_NOTICE];
+        match self {
+            Notice::Lost { rank, detail } => {
+                v.put_u8(0);
+                v.put_u32(*rank as u32);
+                v.put_str(detail);
+            }
+            Notice::Failed { origin, aborted, message } => {
+                v.put_u8(if *aborted { 2 } else { 1 });
+                v.put_u32(*origin as u32);
+                v.put_str(message);
+            }
+        }
+        v
+    }
+
+    /// Decode the body after the message type byte.
+    pub fn decode(r: &mut Reader<'_>) -> Result<Notice> {
+        let kind = r.u8()?;
+        let rank = r.u32()? as usize;
+        let text = r.string(4096)?;
+        match kind {
+            0 => Ok(Notice::Lost { rank, detail: text }),
+            1 | 2 => Ok(Notice::Failed { origin: rank, aborted: kind == 2, message: text }),
+            k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
+        }
+    }
+}
+
+pub(crate) fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
+    v.put_u32(p.rank as u32);
+    v.put_str(&p.hostname);
+    v.put_u64(p.host_id);
+    v.put_u32(p.pid);
+    v.put_u8(p.addrs.len() as u8);
+    for a in &p.addrs {
+        v.put_blob(a);
+    }
+}
+
+/// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB).
+pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
+    let rank = r.u32()? as usize;
+    let hostname = r.string(255)?;
+    let host_id = r.u64()?;
+    let pid = r.u32()?;
+    let n = r.u8()? as usize;
+    let mut addrs = Vec::with_capacity(n);
+    for _ in 0..n {
+        addrs.push(r.blob(4096)?.to_vec());
+    }
+    Ok(PeerInfo { rank, hostname, host_id, pid, addrs })
+}
+
+/// Decode a table message body (after the type byte).
+pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
+    let n = r.u32()? as usize;
+    if n == 0 || n > MAX_RANKS {
+        return Err(Error::Protocol(format!("peer table with {n} ranks")));
+    }
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        let p = decode_info(r)?;
+        if p.rank != i {
+            return Err(Error::Protocol(format!("peer table entry {i} claims rank {}", p.rank)));
+        }
+        v.push(p);
+    }
+    r.finish()?;
+    Ok(v)
+}
+
+// ---------------------------------------------------------------- root ----
+
+enum Event {
+    Registered { rank: usize, nranks: usize, info: PeerInfo, stream: TcpStream },
+    Abort { rank: usize, notice: Notice },
+    Goodbye { rank: usize },
+    Eof { rank: usize },
+}
+
+/// Start the root on `listener`. It runs on its own threads until every
+/// rank has left (or `init_timeout` passes before all registered).
+pub(crate) fn spawn_root(listener: TcpListener, secret: Secret, init_timeout: Duration) -> Result<()> {
+    listener.set_nonblocking(true).map_err(|e| Error::Bootstrap(format!("root listener: {e}")))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = unbounded();
+    let stop2 = stop.clone();
+    std::thread::Builder::new()
+        .name("oxccl-root-accept".into())
+        .spawn(move || accept_loop(listener, secret, tx, stop2))
+        .map_err(|e| Error::Bootstrap(format!("spawning root thread: {e}")))?;
+    std::thread::Builder::new()
+        .name("oxccl-root".into())
+        .spawn(move || {
+            coordinate(rx, init_timeout);
+            stop.store(true, Ordering::Relaxed);
+        })
+        .map_err(|e| Error::Bootstrap(format!("spawning root thread: {e}")))?;
+    Ok(())
+}
+
+fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((s, addr)) => {
+                let tx = tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name("oxccl-root-conn".into())
+                    .spawn(move || serve_rank(s, addr, secret, tx));
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                poll_one(listener.as_raw_fd(), libc::POLLIN, 200);
+            }
+            Err(e) => {
+                tracing::warn!("oxccl root: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// Handshake, registration, then relay this rank's frames until it leaves.
+fn serve_rank(mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Event>) {
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(DOOR_TIMEOUT));
+    let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
+    let comm_id = secret.comm_id();
+    let hello = match handshake::server(&mut s, &secret, |h: &Hello| {
+        if h.purpose != Purpose::Bootstrap || h.to != ROOT {
+            return Err(Error::Handshake(format!("{:?} connection sent to the rendezvous root", h.purpose)));
+        }
+        if h.comm_id != comm_id {
+            return Err(Error::Handshake(format!("communicator {:#x} is not this job's", h.comm_id)));
+        }
+        Ok(())
+    }) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!("oxccl root: rejected connection from {addr}: {e}");
+            return;
+        }
+    };
+    let reg = match wire::read_frame(&mut s, wire::MAX_FRAME) {
+        Ok(Some(f)) => f,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!("oxccl root: bad registration from {addr}: {e}");
+            return;
+        }
+    };
+    let parsed = (|| {
+        let mut r = Reader::new(&reg, "registration");
+        if r.u8()? != MSG_REGISTER {
+            return Err(Error::Protocol("expected a registration".into()));
+        }
+        let nranks = r.u32()? as usize;
+        let info = decode_info(&mut r)?;
+        r.finish()?;
+        if nranks == 0 || nranks > MAX_RANKS || info.rank >= nranks || info.rank != hello.from as usize {
+            return Err(Error::Protocol(format!("rank {} of {nranks} is out of range", info.rank)));
+        }
+        Ok((nranks, info))
+    })();
+    let (nranks, info) = match parsed {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!("oxccl root: bad registration from {addr}: {e}");
+            return;
+        }
+    };
+    let rank = info.rank;
+    let Ok(writer) = s.try_clone() else { return };
+    if tx.send(Event::Registered { rank, nranks, info, stream: writer }).is_err() {
+        return;
+    }
+    // Relay phase: no read deadline, the rank speaks only when it fails or leaves.
+    let _ = s.set_read_timeout(None);
+    loop {
+        match wire::read_frame(&mut s, wire::MAX_FRAME) {
+            Ok(Some(f)) => {
+                let mut r = Reader::new(&f, "control message");
+                let ev = match r.u8() {
+                    Ok(MSG_GOODBYE) => Event::Goodbye { rank },
+                    Ok(MSG_ABORT) => match r.u8().ok().filter(|t| *t == MSG_NOTICE).map(|_| Notice::decode(&mut r)) {
+                        Some(Ok(notice)) => Event::Abort { rank, notice },
+                        _ => Event::Abort {
+                            rank,
+                            notice: Notice::Failed { origin: rank, aborted: false, message: "unreadable abort".into() },
+                        },
+                    },
+                    _ => {
+                        tracing::warn!("oxccl root: rank {rank} sent an unknown control message");
+                        continue;
+                    }
+                };
+                let leaving = matches!(ev, Event::Goodbye { .. });
+                let _ = tx.send(ev);
+                if leaving {
+                    return;
+                }
+            }
+            _ => {
+                let _ = tx.send(Event::Eof { rank });
+                return;
+            }
+        }
+    }
+}
+
+fn send_to(s: &mut TcpStream, payload: &[u8]) {
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    let _ = wire::write_frame(s, payload);
+}
+
+fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
+    let deadline = Instant::now() + init_timeout;
+    let mut nranks = 0usize;
+    let mut conns: Vec<Option<TcpStream>> = Vec::new();
+    let mut infos: Vec<Option<PeerInfo>> = Vec::new();
+    let mut registered = 0usize;
+    // Phase 1: registration.
+    while nranks == 0 || registered < nranks {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = match rx.recv_timeout(left) {
+            Ok(ev) => ev,
+            Err(_) => {
+                let missing: Vec<usize> = (0..nranks).filter(|r| infos[*r].is_none()).collect();
+                tracing::warn!("oxccl root: giving up, ranks {missing:?} never registered");
+                let mut v = vec![MSG_REJECT];
+                v.put_str(&format!(
+                    "ranks {missing:?} of {nranks} did not reach the root within {:.0}s",
+                    init_timeout.as_secs_f64()
+                ));
+                for c in conns.iter_mut().flatten() {
+                    send_to(c, &v);
+                }
+                return;
+            }
+        };
+        match ev {
+            Event::Registered { rank, nranks: n, info, mut stream } => {
+                if nranks == 0 {
+                    nranks = n;
+                    conns = (0..n).map(|_| None).collect();
+                    infos = vec![None; n];
+                }
+                let problem = if n != nranks {
+                    Some(format!("rank {rank} says the world has {n} ranks, others say {nranks}"))
+                } else if infos[rank].is_some() {
+                    Some(format!("rank {rank} registered twice"))
+                } else {
+                    None
+                };
+                if let Some(p) = problem {
+                    tracing::warn!("oxccl root: rejected a registration from {:?}: {p}", stream.peer_addr().ok());
+                    let mut v = vec![MSG_REJECT];
+                    v.put_str(&p);
+                    send_to(&mut stream, &v);
+                    let _ = stream.shutdown(Shutdown::Both);
+                    continue;
+                }
+                infos[rank] = Some(info);
+                conns[rank] = Some(stream);
+                registered += 1;
+            }
+            Event::Eof { rank } | Event::Goodbye { rank } | Event::Abort { rank, .. } => {
+                if rank < nranks && conns[rank].is_some() {
+                    // A registered rank vanished before the table went out:
+                    // nobody can complete init.
+                    let mut v = vec![MSG_REJECT];
+                    v.put_str(&format!("rank {rank} left during bootstrap"));
+                    for c in conns.iter_mut().flatten() {
+                        send_to(c, &v);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+    let mut table = vec![MSG_TABLE];
+    table.put_u32(nranks as u32);
+    for i in infos.iter().flatten() {
+        encode_info(&mut table, i);
+    }
+    for c in conns.iter_mut().flatten() {
+        send_to(c, &table);
+    }
+    // Phase 2: relay failures until everyone has left.
+    let mut gone = vec![false; nranks];
+    let mut relayed_failure = false;
+    while gone.iter().any(|g| !g) {
+        let Ok(ev) = rx.recv() else { return };
+        let (rank, notice) = match ev {
+            Event::Goodbye { rank } => {
+                gone[rank] = true;
+                continue;
+            }
+            Event::Eof { rank } => {
+                if gone[rank] {
+                    continue;
+                }
+                gone[rank] = true;
+                let host = conns[rank].as_ref().and(infos[rank].as_ref()).map(|i| i.hostname.clone()).unwrap_or_default();
+                (rank, Notice::Lost { rank, detail: format!("its control connection to the root on {host} closed without goodbye") })
+            }
+            Event::Abort { rank, notice } => (rank, notice),
+            Event::Registered { mut stream, rank, .. } => {
+                tracing::warn!("oxccl root: rejected late registration of rank {rank}");
+                let mut v = vec![MSG_REJECT];
+                v.put_str("the communicator is already complete");
+                send_to(&mut stream, &v);
+                continue;
+            }
+        };
+        if relayed_failure && matches!(notice, Notice::Failed { .. }) {
+            continue; // the first cause is the one that matters
+        }
+        relayed_failure = true;
+        let msg = notice.encode();
+        for (i, c) in conns.iter_mut().enumerate() {
+            if i != rank && !gone[i] {
+                if let Some(c) = c {
+                    send_to(c, &msg);
+                }
+            }
+        }
+    }
+}
+
+/// `poll(2)` on one fd; returns true when it is ready.
+pub(crate) fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one valid pollfd on the stack for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+}
+
+// ---------------------------------------------------------------- rank ----
+
+/// A rank's control connection to the root.
+pub(crate) struct Control {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    gone: bool,
+}
+
+/// Connect to the root (retrying until it is up or the deadline passes),
+/// register, and wait for the peer table.
+pub(crate) fn rendezvous(
+    root: SocketAddr,
+    secret: &Secret,
+    me: &PeerInfo,
+    nranks: usize,
+    deadline: Instant,
+) -> Result<(Control, Vec<PeerInfo>)> {
+    let mut s = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Bootstrap(format!(
+                "could not reach the root at {root} in time; check the address (OXCCL_ROOT / MASTER_ADDR / the unique id), that rank 0 or the launcher is running, and firewalls"
+            )));
+        }
+        match TcpStream::connect_timeout(&root, left.min(Duration::from_secs(5))) {
+            Ok(s) => break s,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let _ = s.set_nodelay(true);
+    let io_left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let _ = s.set_read_timeout(Some(io_left.min(DOOR_TIMEOUT)));
+    let _ = s.set_write_timeout(Some(io_left.min(DOOR_TIMEOUT)));
+    let hello = Hello::new(Purpose::Bootstrap, secret.comm_id(), me.rank, ROOT, nranks, 0)?;
+    handshake::client(&mut s, secret, &hello)
+        .map_err(|e| Error::Bootstrap(format!("root at {root} refused us: {e}")))?;
+    let mut reg = vec![MSG_REGISTER];
+    reg.put_u32(nranks as u32);
+    encode_info(&mut reg, me);
+    wire::write_frame(&mut s, &reg).map_err(|e| Error::Bootstrap(format!("registering with the root: {e}")))?;
+    let _ = s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
+    let frame = wire::read_frame(&mut s, 64 << 20)
+        .map_err(|e| Error::Bootstrap(format!("waiting for the other ranks at {root}: {e} (did every rank start?)")))?
+        .ok_or_else(|| Error::Bootstrap(format!("root at {root} closed the connection during bootstrap")))?;
+    let mut r = Reader::new(&frame, "peer table");
+    let table = match r.u8()? {
+        MSG_TABLE => decode_table(&mut r)?,
+        MSG_REJECT => return Err(Error::Bootstrap(r.string(4096)?)),
+        t => return Err(Error::Protocol(format!("unexpected message {t} from the root"))),
+    };
+    if table.len() != nranks {
+        return Err(Error::Bootstrap(format!("root sent a table of {} ranks, expected {nranks}", table.len())));
+    }
+    s.set_read_timeout(None).ok();
+    s.set_nonblocking(true).map_err(|e| Error::Bootstrap(format!("control socket: {e}")))?;
+    Ok((Control { stream: s, buf: Vec::new(), gone: false }, table))
+}
+
+/// The write side of the control connection, shareable with `abort()`.
+pub(crate) struct ControlSender {
+    stream: TcpStream,
+}
+
+impl ControlSender {
+    /// Tell the root (and through it everyone) that this rank failed.
+    pub(crate) fn abort(&mut self, notice: &Notice) {
+        let mut v = vec![MSG_ABORT];
+        v.extend_from_slice(&notice.encode());
+        self.send(&v);
+    }
+
+    /// Tell the root this rank leaves normally.
+    pub(crate) fn goodbye(&mut self) {
+        self.send(&[MSG_GOODBYE]);
+    }
+
+    fn send(&mut self, payload: &[u8]) {
+        // The socket is non-blocking (shared with the reader); control frames
+        // are tiny and the buffer is empty in practice, so retry briefly.
+        let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(payload);
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut off = 0;
+        while off < frame.len() && Instant::now() < deadline {
+            match self.stream.write(&frame[off..]) {
+                Ok(n) => off += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    poll_one(self.stream.as_raw_fd(), libc::POLLOUT, 50);
+                }
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// What the control connection said.
+pub(crate) enum ControlEvent {
+    Notice(Notice),
+    /// The root went away (its process ended).
+    RootGone,
+}
+
+impl Control {
+    /// The fd to poll for notices; -1 (ignored by poll) once the root is gone.
+    pub(crate) fn fd(&self) -> RawFd {
+        if self.gone {
+            -1
+        } else {
+            self.stream.as_raw_fd()
+        }
+    }
+
+    pub(crate) fn sender(&self) -> Result<ControlSender> {
+        Ok(ControlSender {
+            stream: self.stream.try_clone().map_err(|e| Error::Bootstrap(format!("control socket: {e}")))?,
+        })
+    }
+
+    /// Read whatever arrived, without blocking; the first event, if any.
+    /// `RootGone` is reported once; afterwards this returns `None`.
+    pub(crate) fn poll(&mut self) -> Option<ControlEvent> {
+        if self.gone {
+            return None;
+        }
+        let ev = self.poll_inner();
+        if matches!(ev, Some(ControlEvent::RootGone)) {
+            self.gone = true;
+        }
+        ev
+    }
+
+    fn poll_inner(&mut self) -> Option<ControlEvent> {
+        let mut tmp = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut tmp) {
+                Ok(0) => {
+                    if let Some(ev) = self.parse() {
+                        return Some(ev);
+                    }
+                    return Some(ControlEvent::RootGone);
+                }
+                Ok(n) => {
+                    self.buf.extend_from_slice(&tmp[..n]);
+                    if self.buf.len() > wire::MAX_FRAME + 4 {
+                        return Some(ControlEvent::RootGone);
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return self.parse(),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(_) => return Some(ControlEvent::RootGone),
+            }
+        }
+    }
+
+    fn parse(&mut self) -> Option<ControlEvent> {
+        while self.buf.len() >= 4 {
+            let n = u32::from_le_bytes(self.buf[..4].try_into().unwrap()) as usize;
+            if self.buf.len() < 4 + n {
+                return None;
+            }
+            let frame: Vec<u8> = self.buf.drain(..4 + n).skip(4).collect();
+            let mut r = Reader::new(&frame, "control notice");
+            if r.u8().ok() == Some(MSG_NOTICE) {
+                if let Ok(n) = Notice::decode(&mut r) {
+                    return Some(ControlEvent::Notice(n));
+                }
+            }
+        }
+        None
+    }
+}

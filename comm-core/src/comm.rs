@@ -1,0 +1,445 @@
+//! The communicator: a group of ranks that run collectives together.
+//!
+//! Ordering: every call takes a *ticket* when it is issued (blocking or
+//! async) and runs when the ticket's turn comes, so calls execute in issue
+//! order whichever thread runs them. Blocking calls run on the caller's
+//! thread; async calls run on the communicator's worker thread.
+//!
+//! Failure: the first error of a call *poisons* the communicator: the cause
+//! is kept and returned by every later call, the links are closed and the
+//! other ranks are told through the root, so they fail fast with the same
+//! cause instead of waiting for a timeout.
+
+use crate::bootstrap::{self, Control, ControlSender};
+use crate::call::{Fingerprint, Kind};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::executor::{self, BufSpec, CallCtx, Net};
+use crate::handshake::Secret;
+use crate::id::UniqueId;
+use crate::net;
+use crate::schedule::{self, Schedule};
+use crate::transport::{PeerInfo, SetupCtx, Transports};
+use crate::types::DataType;
+use crate::work::{Work, Worker};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// A group of `nranks` processes (or threads) that communicate.
+/// `Send + Sync`: calls may come from any thread; they run in issue order.
+pub struct Communicator {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) comm_id: u64,
+    pub(crate) config: Config,
+    pub(crate) peers: Vec<PeerInfo>,
+    transports: Transports,
+    state: Mutex<State>,
+    sender: Mutex<ControlSender>,
+    next_ticket: AtomicU64,
+    turn: Mutex<u64>,
+    turn_cv: Condvar,
+    poison: Mutex<Option<Error>>,
+    aborted: AtomicBool,
+    abort_fd: OwnedFd,
+    pub(crate) worker: Worker,
+    _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
+}
+
+pub(crate) struct State {
+    net: Net,
+    control: Control,
+    /// Sequence number of the next collective.
+    seq: u64,
+    /// Point-to-point operations issued per peer, per direction.
+    p2p_sent: Vec<u64>,
+    p2p_recvd: Vec<u64>,
+}
+
+/// Stable identity of this host: host name plus the kernel's boot id
+/// (`OXCCL_HOSTID` overrides, e.g. to treat network namespaces as hosts).
+pub fn host_identity() -> (String, u64) {
+    let mut name = [0u8; 256];
+    // SAFETY: gethostname writes at most len bytes into the buffer.
+    unsafe { libc::gethostname(name.as_mut_ptr() as *mut libc::c_char, name.len()) };
+    let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
+    let host = String::from_utf8_lossy(&name[..end]).into_owned();
+    let id_text = match std::env::var("OXCCL_HOSTID") {
+        Ok(v) if !v.is_empty() => v,
+        _ => {
+            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+            format!("{host}|{}", boot.trim())
+        }
+    };
+    let id = u64::from_le_bytes(Secret::derive(&id_text).0[..8].try_into().unwrap());
+    (host, id)
+}
+
+fn eventfd() -> Result<OwnedFd> {
+    // SAFETY: plain syscall; the returned fd is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Bootstrap(format!("eventfd: {}", std::io::Error::last_os_error())));
+    }
+    // SAFETY: fd is a fresh, valid descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+impl Communicator {
+    /// Join communicator `id` as `rank` of `nranks` using `transports`
+    /// (`ncclCommInitRank`). Blocks until every rank has joined and links
+    /// are up, or `config.timeout` passes.
+    pub fn init_with(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        config: Config,
+        transports: Transports,
+    ) -> Result<Communicator> {
+        if nranks == 0 || rank >= nranks {
+            return Err(Error::invalid(format!("rank {rank} is not in 0..{nranks}")));
+        }
+        if nranks > bootstrap::MAX_RANKS {
+            return Err(Error::invalid(format!("{nranks} ranks exceed the limit of {}", bootstrap::MAX_RANKS)));
+        }
+        config.validate()?;
+        let deadline = Instant::now() + config.timeout;
+        let bind_addr = if id.root().ip().is_loopback() && config.socket_ifname.is_none() {
+            // A root on loopback means a single-host job: stay on loopback.
+            id.root().ip()
+        } else {
+            net::pick_address(config.socket_ifname.as_deref())?
+        };
+        let ctx = SetupCtx {
+            comm_id: id.comm_id(),
+            secret: *id.secret(),
+            rank,
+            nranks,
+            config: config.clone(),
+            bind_addr,
+        };
+        let mut endpoints = Vec::new();
+        for t in &transports.list {
+            endpoints.push(t.listen(&ctx)?);
+        }
+        let (hostname, host_id) = host_identity();
+        let me = PeerInfo {
+            rank,
+            hostname,
+            host_id,
+            pid: std::process::id(),
+            addrs: endpoints.iter().map(|e| e.address()).collect(),
+        };
+        let (control, peers) = bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
+        let mut links: Vec<Option<Box<dyn crate::transport::Link>>> = (0..nranks).map(|_| None).collect();
+        for (t, ep) in endpoints.iter_mut().enumerate() {
+            let mut mine = Vec::new();
+            for p in peers.iter().filter(|p| p.rank != rank) {
+                if (transports.choose)(&config, &me, p)? == t {
+                    let addr = p.addrs.get(t).cloned().ok_or_else(|| {
+                        Error::Bootstrap(format!("rank {} published no address for transport {}", p.rank, transports.list[t].name()))
+                    })?;
+                    mine.push((p.rank, addr));
+                }
+            }
+            if mine.is_empty() {
+                continue;
+            }
+            for (peer, link) in ep.connect(&ctx, &mine, deadline)? {
+                links[peer] = Some(link);
+            }
+        }
+        if let Some(missing) = (0..nranks).find(|p| *p != rank && links[*p].is_none()) {
+            return Err(Error::Bootstrap(format!("no transport produced a link to rank {missing}")));
+        }
+        let sender = control.sender()?;
+        tracing::info!(rank, nranks, comm = format!("{:#x}", id.comm_id()), "oxccl communicator ready");
+        Ok(Communicator {
+            inner: Arc::new(Inner {
+                rank,
+                nranks,
+                comm_id: id.comm_id(),
+                config,
+                peers,
+                transports,
+                state: Mutex::new(State {
+                    net: Net::new(links),
+                    control,
+                    seq: 0,
+                    p2p_sent: vec![0; nranks],
+                    p2p_recvd: vec![0; nranks],
+                }),
+                sender: Mutex::new(sender),
+                next_ticket: AtomicU64::new(0),
+                turn: Mutex::new(0),
+                turn_cv: Condvar::new(),
+                poison: Mutex::new(None),
+                aborted: AtomicBool::new(false),
+                abort_fd: eventfd()?,
+                worker: Worker::default(),
+                _endpoints: Mutex::new(endpoints),
+            }),
+        })
+    }
+
+    /// This rank's index.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> usize {
+        self.inner.nranks
+    }
+
+    /// The communicator id (same on every rank).
+    pub fn id(&self) -> u64 {
+        self.inner.comm_id
+    }
+
+    /// The configuration in effect.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// What every rank reported at bootstrap (host, pid, ...), by rank.
+    pub fn peers(&self) -> &[PeerInfo] {
+        &self.inner.peers
+    }
+
+    /// The error that poisoned this communicator, if any.
+    pub fn error(&self) -> Option<Error> {
+        self.inner.poison.lock().unwrap().clone()
+    }
+
+    /// Stop everything: every waiting call of this communicator (on any
+    /// thread) returns `Error::Aborted` promptly, later calls fail, and the
+    /// other ranks are told. Safe to call from any thread, any number of times.
+    pub fn abort(&self) {
+        self.inner.abort();
+    }
+
+    /// Create sub-communicators (`ncclCommSplit`): ranks passing the same
+    /// `color` form one, ordered by `key` then by parent rank; `None` opts
+    /// out (returns `Ok(None)`). Collective over the parent.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let n = self.nranks();
+        let mine = [color.map_or(u64::MAX, u64::from), key as u64, self.rank() as u64];
+        let mut all = vec![0u64; 3 * n];
+        self.all_gather(&mine, &mut all)?;
+        let Some(color) = color else {
+            // Still take part in the id exchange below.
+            let mut ids = vec![0u8; ID_RECORD * n];
+            self.all_gather(&[0u8; ID_RECORD], &mut ids)?;
+            return Ok(None);
+        };
+        let mut members: Vec<(i64, usize)> = (0..n)
+            .filter(|r| all[3 * r] == u64::from(color))
+            .map(|r| (all[3 * r + 1] as i64, r))
+            .collect();
+        members.sort();
+        let new_rank = members.iter().position(|m| m.1 == self.rank()).unwrap();
+        let leader = members[0].1;
+        let mut record = [0u8; ID_RECORD];
+        if new_rank == 0 {
+            let addr = std::net::SocketAddr::new(
+                if self.inner.peers.is_empty() { std::net::Ipv4Addr::LOCALHOST.into() } else { self.local_ip() },
+                0,
+            );
+            let id = UniqueId::serve(addr, Secret::random()?, self.inner.config.timeout)?;
+            let text = id.to_string();
+            record[..text.len()].copy_from_slice(text.as_bytes());
+        }
+        let mut ids = vec![0u8; ID_RECORD * n];
+        let split_result = self.all_gather(&record, &mut ids);
+        split_result?;
+        let rec = &ids[leader * ID_RECORD..(leader + 1) * ID_RECORD];
+        let end = rec.iter().position(|b| *b == 0).unwrap_or(ID_RECORD);
+        let text = std::str::from_utf8(&rec[..end]).map_err(|_| Error::Protocol("split: bad id record".into()))?;
+        let id: UniqueId = text.parse()?;
+        Communicator::init_with(&id, new_rank, members.len(), self.inner.config.clone(), self.inner.transports.clone())
+            .map(Some)
+    }
+
+    fn local_ip(&self) -> std::net::IpAddr {
+        net::pick_address(self.inner.config.socket_ifname.as_deref()).unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// Run `f` as the next call in issue order (blocking, this thread).
+    pub(crate) fn run<R>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
+        let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
+        self.inner.run_ticket(ticket, f)
+    }
+
+    /// Queue `f` on the worker thread; it runs in issue order.
+    pub(crate) fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner, &mut State) -> Result<R> + Send + 'static,
+    ) -> Work<R> {
+        let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let inner = self.inner.clone();
+        self.inner.worker.submit(move || inner.run_ticket(ticket, f))
+    }
+}
+
+/// Bytes per rank in the id exchange of `split`.
+const ID_RECORD: usize = 128;
+
+impl Inner {
+    fn abort(&self) {
+        if self.aborted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
+        unsafe { libc::write(self.abort_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        self.set_poison(Error::Aborted { by: None });
+        // Wake calls waiting for their turn.
+        let _t = self.turn.lock().unwrap();
+        self.turn_cv.notify_all();
+    }
+
+    /// Record the first error, tell the others (when it is ours to tell).
+    fn set_poison(&self, e: Error) {
+        let mut p = self.poison.lock().unwrap();
+        if p.is_some() {
+            return;
+        }
+        tracing::error!(rank = self.rank, "oxccl communicator failed: {e}");
+        *p = Some(e.clone());
+        drop(p);
+        if let Some(n) = executor::notice_for(self.rank, &e) {
+            self.sender.lock().unwrap().abort(&n);
+        }
+    }
+
+    fn poisoned(&self) -> Option<Error> {
+        self.poison.lock().unwrap().clone()
+    }
+
+    fn wait_turn(&self, ticket: u64) -> Result<MutexGuard<'_, u64>> {
+        let mut t = self.turn.lock().unwrap();
+        while *t != ticket {
+            if self.aborted.load(Ordering::Acquire) {
+                return Err(self.poisoned().unwrap_or(Error::Aborted { by: None }));
+            }
+            t = self.turn_cv.wait(t).unwrap();
+        }
+        Ok(t)
+    }
+
+    pub(crate) fn run_ticket<R>(&self, ticket: u64, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
+        let turn = self.wait_turn(ticket)?;
+        drop(turn);
+        let result = match self.poisoned() {
+            Some(e) => Err(e),
+            None => {
+                let mut st = self.state.lock().unwrap();
+                let r = f(self, &mut st);
+                if let Err(e) = &r {
+                    if !matches!(e, Error::InvalidArgument(_)) {
+                        st.net.close_all();
+                        drop(st);
+                        self.set_poison(e.clone());
+                    }
+                }
+                r
+            }
+        };
+        let mut t = self.turn.lock().unwrap();
+        *t += 1;
+        self.turn_cv.notify_all();
+        result
+    }
+
+    /// Run one collective's schedule with the given buffers.
+    pub(crate) fn execute(
+        &self,
+        st: &mut State,
+        fp: Fingerprint,
+        sched: &Schedule,
+        bufs: &[BufSpec],
+        per_step: Option<Vec<(u64, Fingerprint)>>,
+    ) -> Result<()> {
+        let seq = if fp.kind == Kind::P2p {
+            0
+        } else {
+            st.seq += 1;
+            st.seq - 1
+        };
+        let during = if fp.kind == Kind::P2p { fp.to_string() } else { format!("{} #{seq}", fp.kind.name()) };
+        let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
+        let mut cx = CallCtx {
+            nranks: self.nranks,
+            dtype: fp.dtype,
+            op: fp.op.kernel_op(),
+            seq,
+            fp,
+            deadline: Instant::now() + self.config.timeout,
+            timeout: self.config.timeout,
+            during,
+            peers: &self.peers,
+            per_step,
+            control: &mut st.control,
+            abort_fd: self.abort_fd.as_raw_fd(),
+            aborted: &self.aborted,
+        };
+        executor::execute(sched, bufs, &mut st.net, &mut cx)
+    }
+
+    /// Elements per pipelined chunk for `dtype`.
+    pub(crate) fn chunk_elems(&self, dtype: DataType) -> usize {
+        (self.config.chunk_bytes / dtype.size()).max(1)
+    }
+
+    /// Assign per-operation sequence numbers to a point-to-point group.
+    pub(crate) fn p2p_numbers(&self, st: &mut State, ops: &[schedule::P2pStep], sched: &Schedule, dtype: DataType) -> Vec<(u64, Fingerprint)> {
+        // Map each schedule step to the group op it came from: p2p() emits
+        // the ops' messages in op order.
+        let mut per_op = Vec::with_capacity(ops.len());
+        for op in ops {
+            let (seq, fp) = match *op {
+                schedule::P2pStep::Send { peer, len, .. } => {
+                    st.p2p_sent[peer] += 1;
+                    (st.p2p_sent[peer] - 1, Fingerprint::new(Kind::P2p, dtype, len).with_root(peer))
+                }
+                schedule::P2pStep::Recv { peer, len, .. } => {
+                    st.p2p_recvd[peer] += 1;
+                    (st.p2p_recvd[peer] - 1, Fingerprint::new(Kind::P2p, dtype, len).with_root(peer))
+                }
+            };
+            let msgs = match *op {
+                schedule::P2pStep::Send { len, .. } | schedule::P2pStep::Recv { len, .. } => {
+                    len.div_ceil(self.chunk_elems(dtype)).max(1)
+                }
+            };
+            per_op.push((seq, fp, msgs));
+        }
+        let mut v = Vec::with_capacity(sched.steps.len());
+        for (seq, fp, msgs) in per_op {
+            for _ in 0..msgs {
+                v.push((seq, fp));
+            }
+        }
+        debug_assert_eq!(v.len(), sched.steps.len());
+        v
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A clean departure, even after an error: "lost" means crashed.
+        if let Ok(mut s) = self.sender.lock() {
+            s.goodbye();
+        }
+        if let Ok(mut st) = self.state.lock() {
+            st.net.close_all();
+        }
+    }
+}
