@@ -1,1 +1,94 @@
-//! placeholder
+//! # oxccl
+//!
+//! Collective communication for Rust: all_reduce, all_gather,
+//! reduce_scatter, broadcast, reduce, all_to_all, send/recv and barrier
+//! across processes and hosts, on host memory (and, with transports added
+//! by features, devices). An alternative to NCCL, Gloo and MPI collectives
+//! that never hangs silently: a dead or misbehaving peer is an error on
+//! every survivor.
+//!
+//! This crate is the facade: it re-exports the API of `comm-core`, picks a
+//! transport per peer, and reads the launcher environment.
+//!
+//! ```no_run
+//! use oxccl::prelude::*;
+//!
+//! // Under `oxrun -n 4`, torchrun, mpirun or srun:
+//! let comm = Communicator::from_env()?;
+//! let mut grads = vec![1.0f32; 1 << 20];
+//! comm.all_reduce_in_place(&mut grads, ReduceOp::Avg)?;
+//! # Ok::<(), oxccl::Error>(())
+//! ```
+
+pub use comm_core::call::{Fingerprint, Kind};
+pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
+pub use comm_core::{
+    bf16, f16, Communicator, Config, DataType, Element, Error, P2p, PeerInfo, ReduceOp, Result, UniqueId, Work,
+};
+pub use comm_core::{schedule, transport};
+
+use comm_core::transport::Transports;
+use std::sync::{Arc, Once};
+use transport_tcp::TcpTransport;
+
+/// What most programs need: `use oxccl::prelude::*;`.
+pub mod prelude {
+    pub use crate::{init_logging, CommunicatorExt};
+    pub use comm_core::{Communicator, Config, DataType, Element, Error, ReduceOp, Result, UniqueId};
+}
+
+/// The transport set for a configuration: today TCP for every peer;
+/// `OXCCL_TRANSPORT` may name only transports that are built in.
+pub fn transports(config: &Config) -> Result<Transports> {
+    match config.transport.as_deref() {
+        None | Some("tcp") => Ok(Transports::single(Arc::new(TcpTransport))),
+        Some(other) => Err(Error::Config(format!(
+            "OXCCL_TRANSPORT={other:?}: this build has only the tcp transport (use tcp or auto)"
+        ))),
+    }
+}
+
+/// Constructors that wire concrete transports into `comm-core`'s
+/// [`Communicator`].
+pub trait CommunicatorExt: Sized {
+    /// Join as `rank` of `nranks` (`ncclCommInitRank`), configured from
+    /// `OXCCL_*` variables.
+    fn init(id: &UniqueId, rank: usize, nranks: usize) -> Result<Self>;
+    /// Join with an explicit configuration.
+    fn init_with_config(id: &UniqueId, rank: usize, nranks: usize, config: Config) -> Result<Self>;
+    /// Join as the launcher's environment says (oxrun, torchrun, Open MPI,
+    /// PMI, Slurm; see [`comm_core::env`]).
+    fn from_env() -> Result<Self>;
+}
+
+impl CommunicatorExt for Communicator {
+    fn init(id: &UniqueId, rank: usize, nranks: usize) -> Result<Communicator> {
+        Self::init_with_config(id, rank, nranks, Config::from_env()?)
+    }
+
+    fn init_with_config(id: &UniqueId, rank: usize, nranks: usize, config: Config) -> Result<Communicator> {
+        init_logging();
+        let t = transports(&config)?;
+        Communicator::init_with(id, rank, nranks, config, t)
+    }
+
+    fn from_env() -> Result<Communicator> {
+        init_logging();
+        let config = Config::from_env()?;
+        let env = launch_env()?;
+        let id = env.root.into_id(env.rank, config.timeout)?;
+        Self::init_with_config(&id, env.rank, env.nranks, config)
+    }
+}
+
+/// Turn on logs as `OXCCL_DEBUG` says (`warn` by default; `info`, `debug`,
+/// `trace`), to stderr, once per process. Called by every constructor.
+pub fn init_logging() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let level = std::env::var("OXCCL_DEBUG").unwrap_or_else(|_| "warn".into()).to_lowercase();
+        let filter = tracing_subscriber::EnvFilter::try_new(format!("warn,comm_core={level},transport_tcp={level},oxccl={level}"))
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    });
+}
