@@ -25,7 +25,11 @@ fn per_rank(count: usize, n: usize) -> usize {
 fn check_type<T: TestElem>(comm: &Communicator) -> Result<(), String> {
     let (r, n) = (comm.rank(), comm.nranks());
     let name = T::DTYPE;
-    let fail = |what: &str, d: String| Err(format!("rank {r}/{n} {name} {what}: {d}"));
+    let fail = |what: &str, d: String| {
+        let m = format!("rank {r}/{n} {name} {what}: {d}");
+        eprintln!("MATRIX FAILURE: {m}");
+        Err(m)
+    };
     for count in counts(n) {
         for (oi, op) in ReduceOp::ALL.into_iter().enumerate() {
             let root = (oi + count) % n;

@@ -21,7 +21,27 @@ fn leaf(r: usize, i: usize) -> String {
 
 /// Run all schedules; panics on a stuck or malformed run. `bufs(rank)`
 /// gives each rank's initial buffers (scratch is added from the schedule).
-fn simulate(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufId, Vec<Val>>) -> Vec<Rank> {
+/// Run once in plain order, then with a few different slow ranks (see
+/// `simulate`); every run must end with the same buffers.
+fn simulate_all(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufId, Vec<Val>>) -> Vec<Rank> {
+    let n = scheds.len();
+    let base = simulate(scheds, &mut bufs, usize::MAX);
+    let mut victims = vec![0, n / 2, n - 1];
+    victims.dedup();
+    for v in victims {
+        let other = simulate(scheds, &mut bufs, v);
+        for (r, (a, b)) in base.iter().zip(&other).enumerate() {
+            for (id, buf) in &a.bufs {
+                if *id != SCRATCH {
+                    assert_eq!(buf, &b.bufs[id], "rank {r} buffer {id} differs when rank {v} sends late (a missing dependency)");
+                }
+            }
+        }
+    }
+    base
+}
+
+fn simulate(scheds: &[Schedule], bufs: &mut impl FnMut(usize) -> HashMap<BufId, Vec<Val>>, victim: usize) -> Vec<Rank> {
     let n = scheds.len();
     let mut ranks: Vec<Rank> = (0..n)
         .map(|r| {
@@ -47,6 +67,11 @@ fn simulate(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufId, V
         *e - 1
     }
     let mut msgs: HashMap<(usize, usize, usize), Vec<Val>> = HashMap::new();
+    // Adversarial order: the victim's sends are delayed until nothing else
+    // can run anywhere, then one goes. A receive or copy that overwrites
+    // data a pending send still has to read then shows up as wrong data,
+    // as it could on a real network where that socket is full.
+    let mut allow_send = false;
     loop {
         let mut progressed = false;
         for r in 0..n {
@@ -54,6 +79,12 @@ fn simulate(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufId, V
                 let st = &scheds[r].steps[i];
                 if ranks[r].done[i] || !st.deps.iter().all(|d| ranks[r].done[*d as usize]) {
                     continue;
+                }
+                if r == victim && matches!(st.action, Action::Send { .. }) {
+                    if !allow_send {
+                        continue;
+                    }
+                    allow_send = false;
                 }
                 let read = |rk: &Rank, sp: Span| -> Vec<Val> { rk.bufs[&sp.buf][sp.off..sp.off + sp.len].to_vec() };
                 let ok = match st.action {
@@ -105,7 +136,10 @@ fn simulate(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufId, V
             }
         }
         if !progressed {
-            break;
+            if allow_send {
+                break;
+            }
+            allow_send = true;
         }
     }
     for (r, rk) in ranks.iter().enumerate() {
@@ -144,7 +178,7 @@ fn all_reduce_is_complete_and_identical_everywhere() {
                 for avg in [false, true] {
                     for in_place in [false, true] {
                         let sc: Vec<Schedule> = (0..n).map(|r| all_reduce(r, n, count, chunk, avg)).collect();
-                        let ranks = simulate(&sc, |r| {
+                        let ranks = simulate_all(&sc, |r| {
                             let mut m = HashMap::new();
                             m.insert(OUTPUT, if in_place { vals(r, count, 0) } else { vec![None; count] });
                             m.insert(INPUT, vals(r, count, 0));
@@ -178,7 +212,7 @@ fn reduce_scatter_gives_each_rank_its_segment() {
         for count in counts(n) {
             for chunk in [2, 1000] {
                 let sc: Vec<Schedule> = (0..n).map(|r| reduce_scatter(r, n, count, chunk, false)).collect();
-                let ranks = simulate(&sc, |r| {
+                let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, n * count, 0));
                     m.insert(OUTPUT, vec![None; count]);
@@ -201,7 +235,7 @@ fn all_gather_places_every_contribution() {
     for n in NS {
         for count in counts(n) {
             let sc: Vec<Schedule> = (0..n).map(|r| all_gather(r, n, count, 4)).collect();
-            let ranks = simulate(&sc, |r| {
+            let ranks = simulate_all(&sc, |r| {
                 let mut m = HashMap::new();
                 m.insert(INPUT, vals(r, count, 0));
                 m.insert(OUTPUT, vec![None; n * count]);
@@ -224,7 +258,7 @@ fn broadcast_and_reduce_from_every_root() {
         for count in counts(n) {
             for root in 0..n {
                 let sc: Vec<Schedule> = (0..n).map(|r| broadcast(r, n, count, 3, root)).collect();
-                let ranks = simulate(&sc, |r| {
+                let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, count, 0));
                     m.insert(OUTPUT, vec![None; count]);
@@ -234,7 +268,7 @@ fn broadcast_and_reduce_from_every_root() {
                     assert_eq!(rk.bufs[&OUTPUT], vals(root, count, 0));
                 }
                 let sc: Vec<Schedule> = (0..n).map(|r| reduce(r, n, count, 3, root, false)).collect();
-                let ranks = simulate(&sc, |r| {
+                let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, count, 0));
                     m.insert(OUTPUT, vec![None; count]);
@@ -261,7 +295,7 @@ fn all_to_all_transposes() {
         for count in [0, 1, 5] {
             for in_place in [false, true] {
                 let sc: Vec<Schedule> = (0..n).map(|r| all_to_all(r, n, count, 2, in_place)).collect();
-                let ranks = simulate(&sc, |r| {
+                let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, n * count, 0));
                     m.insert(OUTPUT, if in_place { vals(r, n * count, 0) } else { vec![None; n * count] });
@@ -283,7 +317,7 @@ fn all_to_all_transposes() {
 fn barrier_and_p2p_complete() {
     for n in NS {
         let sc: Vec<Schedule> = (0..n).map(|r| barrier(r, n)).collect();
-        simulate(&sc, |_| {
+        simulate_all(&sc, |_| {
             let mut m = HashMap::new();
             m.insert(INPUT, vec![]);
             m.insert(OUTPUT, vec![]);
@@ -294,7 +328,7 @@ fn barrier_and_p2p_complete() {
     // on both sides: must complete.
     let ops = |peer| vec![P2pStep::Send { peer, buf: 2, len: 10 }, P2pStep::Recv { peer, buf: 3, len: 10 }];
     let sc = vec![p2p(&ops(1), 3), p2p(&ops(0), 3)];
-    let ranks = simulate(&sc, |r| {
+    let ranks = simulate_all(&sc, |r| {
         let mut m = HashMap::new();
         m.insert(2, vals(r, 10, 0));
         m.insert(3, vec![None; 10]);

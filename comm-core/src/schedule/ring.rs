@@ -30,7 +30,6 @@ fn rs_phase(
     let seg_max = count.div_ceil(n);
     let mut prev_recv: Vec<u32> = Vec::new(); // steps of the last receive, per chunk
     let mut prev_send: Vec<u32> = Vec::new(); // steps of the last send, per chunk
-    let mut prev_prev_send: Vec<u32> = Vec::new();
     for step in 0..n - 1 {
         let send_seg = sub_mod(rank, step + 1, n);
         let recv_seg = sub_mod(rank, step + 2, n);
@@ -60,11 +59,11 @@ fn rs_phase(
         let with_off = seg_off(count, n, recv_seg);
         let mut recvs = Vec::new();
         for (j, (off, len)) in chunks(0, dst.len, chunk).enumerate() {
-            // Writing a scratch slot waits until the send two steps back,
-            // which read the same slot, has finished.
+            // Slot `step % 2` was last read by the previous step's send (it
+            // forwarded the partial received two steps back): wait for it.
             let mut deps = Vec::new();
             if partials_in_scratch && step != n - 2 {
-                deps.extend(prev_prev_send.get(j).copied());
+                deps.extend(prev_send.get(j).copied());
             }
             recvs.push(s.push(
                 Action::RecvReduce {
@@ -75,7 +74,7 @@ fn rs_phase(
                 &deps,
             ));
         }
-        prev_prev_send = std::mem::replace(&mut prev_send, sends);
+        prev_send = sends;
         prev_recv = recvs;
     }
     prev_recv
