@@ -27,6 +27,8 @@ pub use comm_core::{
 };
 pub use comm_core::{schedule, transport};
 
+pub mod selftest;
+
 use comm_core::transport::Transports;
 use std::sync::{Arc, Once};
 use transport_tcp::TcpTransport;
@@ -91,4 +93,10 @@ pub fn init_logging() {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     });
+}
+
+/// Parse a byte size with an optional K/M/G suffix (`64M`), as every
+/// oxccl tool accepts it.
+pub fn comm_config_bytes(s: &str) -> Option<usize> {
+    comm_core::config::parse_bytes(s)
 }

@@ -1,0 +1,98 @@
+//! `oxccl-selftest`: checks and measurements to run under a launcher.
+//!
+//! ```text
+//! oxrun -n 4 oxccl-selftest matrix              # every collective x dtype x op, exact
+//! oxrun -n 2 oxccl-selftest allreduce 64M 20    # time an all_reduce of f32
+//! oxrun -n 4 oxccl-selftest init                # time communicator creation
+//! oxrun -n 4 oxccl-selftest loop 16M            # all_reduce until an error (fault tests)
+//! ```
+
+use oxccl::prelude::*;
+use oxccl::selftest::{run_matrix, standard_counts};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+fn epoch_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+}
+
+fn fail(e: impl std::fmt::Display) -> ! {
+    eprintln!("oxccl-selftest: {e}");
+    std::process::exit(1);
+}
+
+fn bytes_arg(a: Option<&String>, default: usize) -> usize {
+    a.map(|s| oxccl::comm_config_bytes(s).unwrap_or_else(|| fail(format!("bad size {s:?}")))).unwrap_or(default)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map(String::as_str).unwrap_or("matrix");
+    let t0 = Instant::now();
+    let comm = Communicator::from_env().unwrap_or_else(|e| fail(e));
+    let init_s = t0.elapsed().as_secs_f64();
+    let (rank, n) = (comm.rank(), comm.nranks());
+    match mode {
+        "matrix" => {
+            let counts = match args.get(1) {
+                Some(s) => vec![0, 1, 7, n - 1, n + 1, bytes_arg(Some(s), 0)],
+                None => standard_counts(n),
+            };
+            match run_matrix(&comm, &counts) {
+                Ok(()) => {
+                    if rank == 0 {
+                        println!("matrix OK: {n} ranks, counts {counts:?}, every collective x dtype x op, in and out of place");
+                    }
+                }
+                Err(e) => fail(e),
+            }
+        }
+        "init" => {
+            let mut t = [init_s];
+            comm.all_reduce_in_place(&mut t, ReduceOp::Max).unwrap_or_else(|e| fail(e));
+            if rank == 0 {
+                println!("init of {n} ranks: slowest rank {:.1} ms", t[0] * 1e3);
+            }
+        }
+        "allreduce" => {
+            let bytes = bytes_arg(args.get(1), 64 << 20);
+            let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
+            let count = bytes / 4;
+            let mut buf = vec![1.0f32; count];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap_or_else(|e| fail(e)); // warm-up
+            comm.barrier().unwrap_or_else(|e| fail(e));
+            let t = Instant::now();
+            for _ in 0..iters {
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap_or_else(|e| fail(e));
+            }
+            let mut dt = [t.elapsed().as_secs_f64() / iters as f64];
+            comm.all_reduce_in_place(&mut dt, ReduceOp::Max).unwrap_or_else(|e| fail(e));
+            if rank == 0 {
+                let algbw = (count * 4) as f64 / dt[0] / 1e9;
+                let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
+                println!(
+                    "all_reduce f32 sum: {} bytes, {n} ranks, {iters} iters: {:.3} ms, algbw {algbw:.2} GB/s, busbw {busbw:.2} GB/s",
+                    count * 4,
+                    dt[0] * 1e3
+                );
+            }
+        }
+        "loop" => {
+            let bytes = bytes_arg(args.get(1), 16 << 20);
+            let mut buf = vec![1.0f32; bytes / 4];
+            println!("READY {rank} {}", epoch_ms());
+            let mut i = 0u64;
+            loop {
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+                    println!("ERROR {rank} {} {}", epoch_ms(), e.blamed_rank().map_or(-1, |r| r as i64));
+                    println!("DETAIL {rank} {e:?}");
+                    std::process::exit(3);
+                }
+                i += 1;
+                if i == 1 {
+                    println!("RUNNING {rank} {}", epoch_ms());
+                }
+            }
+        }
+        other => fail(format!("unknown mode {other:?} (matrix, init, allreduce, loop)")),
+    }
+}
