@@ -91,7 +91,10 @@ pub fn init_logging() {
         let level = std::env::var("OXCCL_DEBUG").unwrap_or_else(|_| "warn".into()).to_lowercase();
         let filter = tracing_subscriber::EnvFilter::try_new(format!("warn,comm_core={level},transport_tcp={level},oxccl={level}"))
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        let _ = tracing_subscriber::fmt().with_env_filter(filter)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_writer(std::io::stderr)
+            .try_init();
     });
 }
 
@@ -99,4 +102,9 @@ pub fn init_logging() {
 /// oxccl tool accepts it.
 pub fn comm_config_bytes(s: &str) -> Option<usize> {
     comm_core::config::parse_bytes(s)
+}
+
+/// A fresh random job secret (for tools that host a root themselves).
+pub fn comm_core_secret() -> comm_core::handshake::Secret {
+    comm_core::handshake::Secret::random().expect("OS randomness")
 }

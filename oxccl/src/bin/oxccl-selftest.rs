@@ -5,6 +5,7 @@
 //! oxrun -n 2 oxccl-selftest allreduce 64M 20    # time an all_reduce of f32
 //! oxrun -n 4 oxccl-selftest init                # time communicator creation
 //! oxrun -n 4 oxccl-selftest loop 16M            # all_reduce until an error (fault tests)
+//! oxrun -n 4 oxccl-selftest die 2               # rank 2 SIGKILLs itself mid-job
 //! ```
 
 use oxccl::prelude::*;
@@ -93,6 +94,22 @@ fn main() {
                 }
             }
         }
-        other => fail(format!("unknown mode {other:?} (matrix, init, allreduce, loop)")),
+        "die" => {
+            // Rank VICTIM kills itself (SIGKILL) after a few all_reduces:
+            // exercises the launcher's and the survivors' failure handling.
+            let victim: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(n - 1);
+            let mut buf = vec![1.0f32; 1 << 20];
+            for i in 0.. {
+                if rank == victim && i == 3 {
+                    // SAFETY: raising a signal on ourselves.
+                    unsafe { libc::raise(libc::SIGKILL) };
+                }
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+                    println!("ERROR {rank} {} {}", epoch_ms(), e.blamed_rank().map_or(-1, |r| r as i64));
+                    std::process::exit(3);
+                }
+            }
+        }
+        other => fail(format!("unknown mode {other:?} (matrix, init, allreduce, loop, die)")),
     }
 }

@@ -192,6 +192,10 @@ fn main() {
             stopping.get_or_insert_with(Instant::now);
             exit_code = 128 + sig;
         }
+        // Reap everything that ended since the last look. When several ranks
+        // failed at once, the ones killed by a signal are the likely cause
+        // (the others usually exit with an error in reaction): report them first.
+        let mut failed: Vec<(usize, u32, ExitStatus)> = Vec::new();
         for rank in 0..n {
             let Some(c) = children[rank].as_mut() else { continue };
             match c.try_wait() {
@@ -199,11 +203,8 @@ fn main() {
                     let pid = c.id();
                     children[rank] = None;
                     running -= 1;
-                    if !status.success() && stopping.is_none() {
-                        eprintln!("oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks", describe(status));
-                        exit_code = status.code().filter(|c| *c != 0).unwrap_or(1);
-                        signal_all(&mut children, libc::SIGTERM);
-                        stopping = Some(Instant::now());
+                    if !status.success() {
+                        failed.push((rank, pid, status));
                     }
                 }
                 Ok(None) => {}
@@ -212,6 +213,17 @@ fn main() {
                     children[rank] = None;
                     running -= 1;
                 }
+            }
+        }
+        failed.sort_by_key(|(rank, _, st)| (st.signal().is_none(), *rank));
+        for (i, (rank, pid, status)) in failed.iter().enumerate() {
+            if stopping.is_none() && i == 0 {
+                eprintln!("oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks", describe(*status));
+                exit_code = status.code().filter(|c| *c != 0).unwrap_or(1);
+                signal_all(&mut children, libc::SIGTERM);
+                stopping = Some(Instant::now());
+            } else {
+                eprintln!("oxrun: rank {rank} (pid {pid}) {}", describe(*status));
             }
         }
         if let Some(t) = stopping {

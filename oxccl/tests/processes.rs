@@ -1,0 +1,149 @@
+//! Separate processes: the correctness matrix through `oxrun`, the
+//! launcher's failure handling, launching with torchrun's variables, and
+//! SIGKILL of a rank in the middle of a long all_reduce.
+
+use oxccl::comm_core_secret;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const OXRUN: &str = env!("CARGO_BIN_EXE_oxrun");
+const SELFTEST: &str = env!("CARGO_BIN_EXE_oxccl-selftest");
+
+fn oxrun(n: usize, args: &[&str]) -> std::process::Output {
+    Command::new(OXRUN)
+        .arg("-n")
+        .arg(n.to_string())
+        .arg(SELFTEST)
+        .args(args)
+        .env("OXCCL_TIMEOUT", "120")
+        .output()
+        .expect("run oxrun")
+}
+
+#[test]
+fn matrix_through_oxrun() {
+    for n in [1, 2, 3, 4, 5, 8] {
+        let out = oxrun(n, &["matrix"]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "n={n}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains(&format!("[0] matrix OK: {n} ranks")), "{stdout}");
+    }
+}
+
+#[test]
+fn oxrun_reports_a_killed_rank_and_stops_the_others() {
+    let t = Instant::now();
+    let out = oxrun(4, &["die", "2"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("oxrun: rank 2 (pid"), "{err}");
+    assert!(err.contains("killed by signal 9"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+}
+
+#[test]
+fn oxrun_rejects_bad_usage() {
+    let out = Command::new(OXRUN).arg("-n").arg("x").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = Command::new(OXRUN).arg("-n").arg("2").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing PROGRAM"));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn torchrun_style_environment() {
+    let port = free_port();
+    let kids: Vec<Child> = (0..3)
+        .map(|r| {
+            Command::new(SELFTEST)
+                .arg("init")
+                .env_clear()
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "3")
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "60")
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect();
+    for o in &outs {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+    }
+    assert!(String::from_utf8_lossy(&outs[0].stdout).contains("init of 3 ranks"));
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// Start `n` ranks of `selftest loop` directly (not under oxrun, which
+/// would stop the survivors itself) with a root hosted by this process.
+fn spawn_loop(n: usize, bytes: &str) -> Vec<Child> {
+    let id = oxccl::UniqueId::serve("127.0.0.1:0".parse().unwrap(), comm_core_secret(), Duration::from_secs(60)).unwrap();
+    (0..n)
+        .map(|r| {
+            Command::new(SELFTEST)
+                .args(["loop", bytes])
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_WORLD_SIZE", n.to_string())
+                .env("OXCCL_UNIQUE_ID", id.to_string())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "60")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s() {
+    for victim in [0usize, 1, 3] {
+        let n = 4;
+        let mut kids = spawn_loop(n, "32M");
+        let mut readers: Vec<_> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap()).lines()).collect();
+        // Wait until every rank completed one all_reduce.
+        for r in readers.iter_mut() {
+            loop {
+                let l = r.next().expect("rank output").unwrap();
+                if l.starts_with("RUNNING") {
+                    break;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(150)); // in the middle of a later one
+        let killed_at = now_ms();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(kids[victim].id() as i32, libc::SIGKILL) };
+        for (r, reader) in readers.iter_mut().enumerate() {
+            if r == victim {
+                continue;
+            }
+            let line = reader.find(|l| l.as_ref().map(|l| l.starts_with("ERROR")).unwrap_or(true)).expect("error line").unwrap();
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let at: u128 = f[2].parse().unwrap();
+            let blamed: i64 = f[3].parse().unwrap();
+            let detail = reader.next().unwrap().unwrap();
+            assert_eq!(blamed, victim as i64, "rank {r} blamed {blamed}: {detail}");
+            assert!(detail.contains("PeerLost"), "rank {r}: {detail}");
+            let took = at.saturating_sub(killed_at);
+            assert!(took < 5000, "rank {r} took {took} ms to report");
+            eprintln!("victim {victim}: rank {r} reported PeerLost({victim}) after {took} ms");
+        }
+        for mut k in kids {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
+}
