@@ -122,11 +122,13 @@ pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
 
 // ---------------------------------------------------------------- root ----
 
+/// What a connection thread reports; `conn` numbers connections so
+/// events of a rejected duplicate are never taken for the real rank's.
 enum Event {
-    Registered { rank: usize, nranks: usize, info: PeerInfo, stream: TcpStream },
-    Abort { rank: usize, notice: Notice },
-    Goodbye { rank: usize },
-    Eof { rank: usize },
+    Registered { conn: u64, rank: usize, nranks: usize, info: PeerInfo, stream: TcpStream },
+    Abort { conn: u64, rank: usize, notice: Notice },
+    Goodbye { conn: u64, rank: usize },
+    Eof { conn: u64, rank: usize },
 }
 
 /// Start the root on `listener`. It runs on its own threads until every
@@ -151,13 +153,15 @@ pub(crate) fn spawn_root(listener: TcpListener, secret: Secret, init_timeout: Du
 }
 
 fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: Arc<AtomicBool>) {
+    let mut conn = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             Ok((s, addr)) => {
                 let tx = tx.clone();
+                conn += 1;
                 let _ = std::thread::Builder::new()
                     .name("oxccl-root-conn".into())
-                    .spawn(move || serve_rank(s, addr, secret, tx));
+                    .spawn(move || serve_rank(conn, s, addr, secret, tx));
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 poll_one(listener.as_raw_fd(), libc::POLLIN, 200);
@@ -171,7 +175,7 @@ fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: A
 }
 
 /// Handshake, registration, then relay this rank's frames until it leaves.
-fn serve_rank(mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Event>) {
+fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Event>) {
     let _ = s.set_nodelay(true);
     let _ = s.set_read_timeout(Some(DOOR_TIMEOUT));
     let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
@@ -221,7 +225,7 @@ fn serve_rank(mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Eve
     };
     let rank = info.rank;
     let Ok(writer) = s.try_clone() else { return };
-    if tx.send(Event::Registered { rank, nranks, info, stream: writer }).is_err() {
+    if tx.send(Event::Registered { conn, rank, nranks, info, stream: writer }).is_err() {
         return;
     }
     // Relay phase: no read deadline, the rank speaks only when it fails or leaves.
@@ -231,10 +235,11 @@ fn serve_rank(mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Eve
             Ok(Some(f)) => {
                 let mut r = Reader::new(&f, "control message");
                 let ev = match r.u8() {
-                    Ok(MSG_GOODBYE) => Event::Goodbye { rank },
+                    Ok(MSG_GOODBYE) => Event::Goodbye { conn, rank },
                     Ok(MSG_ABORT) => match r.u8().ok().filter(|t| *t == MSG_NOTICE).map(|_| Notice::decode(&mut r)) {
-                        Some(Ok(notice)) => Event::Abort { rank, notice },
+                        Some(Ok(notice)) => Event::Abort { conn, rank, notice },
                         _ => Event::Abort {
+                            conn,
                             rank,
                             notice: Notice::Failed { origin: rank, aborted: false, message: "unreadable abort".into() },
                         },
@@ -251,7 +256,7 @@ fn serve_rank(mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Eve
                 }
             }
             _ => {
-                let _ = tx.send(Event::Eof { rank });
+                let _ = tx.send(Event::Eof { conn, rank });
                 return;
             }
         }
@@ -267,6 +272,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
     let deadline = Instant::now() + init_timeout;
     let mut nranks = 0usize;
     let mut conns: Vec<Option<TcpStream>> = Vec::new();
+    let mut conn_ids: Vec<u64> = Vec::new();
     let mut infos: Vec<Option<PeerInfo>> = Vec::new();
     let mut registered = 0usize;
     // Phase 1: registration.
@@ -289,10 +295,11 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             }
         };
         match ev {
-            Event::Registered { rank, nranks: n, info, mut stream } => {
+            Event::Registered { conn, rank, nranks: n, info, mut stream } => {
                 if nranks == 0 {
                     nranks = n;
                     conns = (0..n).map(|_| None).collect();
+                    conn_ids = vec![0; n];
                     infos = vec![None; n];
                 }
                 let problem = if n != nranks {
@@ -312,10 +319,11 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                 }
                 infos[rank] = Some(info);
                 conns[rank] = Some(stream);
+                conn_ids[rank] = conn;
                 registered += 1;
             }
-            Event::Eof { rank } | Event::Goodbye { rank } | Event::Abort { rank, .. } => {
-                if rank < nranks && conns[rank].is_some() {
+            Event::Eof { conn, rank } | Event::Goodbye { conn, rank } | Event::Abort { conn, rank, .. } => {
+                if rank < nranks && conns[rank].is_some() && conn_ids[rank] == conn {
                     // A registered rank vanished before the table went out:
                     // nobody can complete init.
                     let mut v = vec![MSG_REJECT];
@@ -341,12 +349,29 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
     let mut relayed_failure = false;
     while gone.iter().any(|g| !g) {
         let Ok(ev) = rx.recv() else { return };
+        let claimed = match &ev {
+            Event::Registered { rank, .. } | Event::Abort { rank, .. } | Event::Goodbye { rank, .. } | Event::Eof { rank, .. } => *rank,
+        };
+        if claimed >= nranks {
+            if let Event::Registered { mut stream, .. } = ev {
+                tracing::warn!("oxccl root: rejected a registration claiming rank {claimed} of a {nranks}-rank job");
+                let mut v = vec![MSG_REJECT];
+                v.put_str("rank out of range");
+                send_to(&mut stream, &v);
+            }
+            continue;
+        }
         let (rank, notice) = match ev {
-            Event::Goodbye { rank } => {
+            Event::Goodbye { conn, rank } | Event::Eof { conn, rank } | Event::Abort { conn, rank, .. }
+                if conn_ids[rank] != conn =>
+            {
+                continue; // a rejected stranger, not the rank itself
+            }
+            Event::Goodbye { rank, .. } => {
                 gone[rank] = true;
                 continue;
             }
-            Event::Eof { rank } => {
+            Event::Eof { rank, .. } => {
                 if gone[rank] {
                     continue;
                 }
@@ -354,7 +379,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                 let host = conns[rank].as_ref().and(infos[rank].as_ref()).map(|i| i.hostname.clone()).unwrap_or_default();
                 (rank, Notice::Lost { rank, detail: format!("its control connection to the root on {host} closed without goodbye") })
             }
-            Event::Abort { rank, notice } => (rank, notice),
+            Event::Abort { rank, notice, .. } => (rank, notice),
             Event::Registered { mut stream, rank, .. } => {
                 tracing::warn!("oxccl root: rejected late registration of rank {rank}");
                 let mut v = vec![MSG_REJECT];

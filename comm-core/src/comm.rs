@@ -375,6 +375,12 @@ impl Inner {
         };
         let during = if fp.kind == Kind::P2p { fp.to_string() } else { format!("{} #{seq}", fp.kind.name()) };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
+        // A failure elsewhere that was announced while this rank was between
+        // calls fails this call before it sends anything.
+        if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
+            let cx_err = executor::notice_to_error(n, &self.peers, &during);
+            return Err(cx_err);
+        }
         let mut cx = CallCtx {
             nranks: self.nranks,
             dtype: fp.dtype,

@@ -108,13 +108,7 @@ impl CallCtx<'_> {
 
     /// Turn a control-plane notice into this call's error.
     pub fn notice_error(&self, n: Notice) -> Error {
-        match n {
-            Notice::Lost { rank, detail } => {
-                Error::PeerLost { rank, host: self.host(rank), during: self.during.clone(), detail }
-            }
-            Notice::Failed { origin, aborted: true, .. } => Error::Aborted { by: Some(origin) },
-            Notice::Failed { origin, message, .. } => Error::Remote { rank: origin, message },
-        }
+        notice_to_error(n, self.peers, &self.during)
     }
 
     fn root_gone(&self) -> Error {
@@ -531,6 +525,20 @@ fn wait(chans: &[Chan], done: &[bool], sched: &Schedule, net: &mut Net, cx: &mut
         if net.pollfds[..nf - 2].iter().any(|p| p.revents != 0) {
             return Ok(());
         }
+    }
+}
+
+/// Turn a control-plane notice into the error of the call `during`.
+pub(crate) fn notice_to_error(n: Notice, peers: &[PeerInfo], during: &str) -> Error {
+    match n {
+        Notice::Lost { rank, detail } => Error::PeerLost {
+            rank,
+            host: peers.get(rank).map(|p| p.hostname.clone()).unwrap_or_default(),
+            during: during.to_string(),
+            detail,
+        },
+        Notice::Failed { origin, aborted: true, .. } => Error::Aborted { by: Some(origin) },
+        Notice::Failed { origin, message, .. } => Error::Remote { rank: origin, message },
     }
 }
 

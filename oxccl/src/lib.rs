@@ -29,6 +29,9 @@ pub use comm_core::{schedule, transport};
 
 pub mod selftest;
 
+/// The connection handshake, for tools and tests that speak to oxccl ports.
+pub use comm_core::handshake as transport_handshake;
+
 use comm_core::transport::Transports;
 use std::sync::{Arc, Once};
 use transport_tcp::TcpTransport;

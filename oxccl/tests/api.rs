@@ -1,0 +1,217 @@
+//! Point-to-point, async, split, argument errors, abort, timeout, mismatch
+//! and poisoning, over threads-as-ranks.
+
+mod common;
+use common::*;
+use oxccl::prelude::*;
+use oxccl::P2p;
+use std::time::{Duration, Instant};
+
+#[test]
+fn send_recv_exchange_larger_than_socket_buffers_does_not_deadlock() {
+    // Both ranks post a send and a receive of 24 MiB to each other at once.
+    let n = 2;
+    with_ranks(n, test_config(), |c| {
+        let peer = 1 - c.rank();
+        let send: Vec<f32> = (0..6 << 20).map(|i| (i % 1000) as f32 + c.rank() as f32).collect();
+        let mut recv = vec![0f32; send.len()];
+        c.send_recv(&send, peer, &mut recv, peer).unwrap();
+        assert!(recv.iter().enumerate().all(|(i, v)| *v == (i % 1000) as f32 + peer as f32));
+    });
+}
+
+#[test]
+fn blocking_send_and_recv_in_any_pair_and_order() {
+    with_ranks(3, test_config(), |c| {
+        // 0 -> 2, then 2 -> 1, then 1 -> 0 (each pair in its own order)
+        let mut buf = [0u64; 5];
+        match c.rank() {
+            0 => {
+                c.send(&[1u64, 2, 3, 4, 5], 2).unwrap();
+                c.recv(&mut buf, 1).unwrap();
+                assert_eq!(buf, [7; 5]);
+            }
+            1 => {
+                c.recv(&mut buf, 2).unwrap();
+                assert_eq!(buf, [6; 5]);
+                c.send(&[7u64; 5], 0).unwrap();
+            }
+            _ => {
+                c.recv(&mut buf, 0).unwrap();
+                assert_eq!(buf, [1, 2, 3, 4, 5]);
+                c.send(&[6u64; 5], 1).unwrap();
+            }
+        }
+        // Zero-length messages and a self send/recv in a group.
+        let mut empty: [u8; 0] = [];
+        let mut me = [0i32; 3];
+        let next = (c.rank() + 1) % 3;
+        let prev = (c.rank() + 2) % 3;
+        let mut got = [0i32; 3];
+        c.group(vec![
+            P2p::Send(&[c.rank() as i32; 3], next),
+            P2p::Recv(&mut got, prev),
+            P2p::Send(&[9, 9, 9], c.rank()),
+            P2p::Recv(&mut me, c.rank()),
+        ])
+        .unwrap();
+        assert_eq!(got, [prev as i32; 3]);
+        assert_eq!(me, [9; 3]);
+        c.group(vec![P2p::Send(&[], next), P2p::Recv(&mut empty, prev)]).unwrap();
+    });
+}
+
+#[test]
+fn async_calls_run_in_issue_order_and_mix_with_blocking_ones() {
+    with_ranks(3, test_config(), |c| {
+        let r = c.rank() as f64;
+        let w1 = c.all_reduce_async(vec![r; 1000], ReduceOp::Sum);
+        let w2 = c.all_gather_async(vec![r; 2]);
+        let w3 = c.reduce_scatter_async(vec![1.0f64; 6], ReduceOp::Sum);
+        let mut b = [r; 4];
+        c.all_reduce_in_place(&mut b, ReduceOp::Max).unwrap(); // waits for w1..w3
+        assert_eq!(b, [2.0; 4]);
+        assert!(w1.is_done());
+        assert_eq!(w1.wait().unwrap(), vec![3.0; 1000]);
+        assert_eq!(w2.wait().unwrap(), vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0]);
+        assert_eq!(w3.wait().unwrap(), vec![3.0; 2]);
+        let w = c.broadcast_async(vec![r; 3], 1);
+        assert_eq!(w.wait().unwrap(), vec![1.0; 3]);
+        c.barrier_async().wait().unwrap();
+        let next = (c.rank() + 1) % 3;
+        let prev = (c.rank() + 2) % 3;
+        let s = c.send_async(vec![r as u32; 10], next);
+        let got = c.recv_async(vec![0u32; 10], prev).wait().unwrap();
+        s.wait().unwrap();
+        assert_eq!(got, vec![prev as u32; 10]);
+    });
+}
+
+#[test]
+fn split_makes_working_subgroups() {
+    with_ranks(5, test_config(), |c| {
+        let r = c.rank();
+        let color = if r == 4 { None } else { Some((r % 2) as u32) };
+        let sub = c.split(color, -(r as i64)).unwrap();
+        match sub {
+            None => assert_eq!(r, 4),
+            Some(s) => {
+                assert_eq!(s.nranks(), 2);
+                // key = -rank: higher parent rank comes first.
+                assert_eq!(s.rank(), if r >= 2 { 0 } else { 1 });
+                let mut v = [r as i32];
+                s.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+                assert_eq!(v[0], if r % 2 == 0 { 2 } else { 4 });
+            }
+        }
+        c.barrier().unwrap();
+    });
+}
+
+#[test]
+fn bad_arguments_are_typed_errors_and_leave_the_communicator_usable() {
+    with_ranks(2, test_config(), |c| {
+        let mut out = [0f32; 3];
+        let e = c.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+        assert!(matches!(c.broadcast_in_place(&mut out, 2), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.all_gather(&[1f32; 2], &mut out), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.reduce_scatter(&[1f32; 5], &mut out, ReduceOp::Sum), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.all_to_all_in_place(&mut out), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.send(&out, 7), Err(Error::InvalidArgument(_))));
+        let bytes = [0u8; 7];
+        let mut rb = [0u8; 7];
+        assert!(matches!(
+            c.all_reduce_bytes(Some(&bytes), &mut rb, DataType::F32, ReduceOp::Sum),
+            Err(Error::InvalidArgument(_))
+        ));
+        // Still works.
+        let mut v = [c.rank() as u8 + 1];
+        c.all_reduce_in_place(&mut v, ReduceOp::Prod).unwrap();
+        assert_eq!(v, [2]);
+        assert!(c.error().is_none());
+    });
+}
+
+#[test]
+fn abort_wakes_a_blocked_call_and_poisons() {
+    let cfg = test_config();
+    with_ranks(2, cfg, |c| {
+        if c.rank() == 0 {
+            // Rank 1 never joins this all_reduce; abort from another thread.
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(200));
+                    let t = Instant::now();
+                    c.abort();
+                    t
+                });
+                let t = Instant::now();
+                let e = c.all_reduce_in_place(&mut [1f32; 10], ReduceOp::Sum).unwrap_err();
+                assert_eq!(e, Error::Aborted { by: None });
+                assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+            });
+            // Later calls fail at once with the original cause.
+            assert_eq!(c.barrier().unwrap_err(), Error::Aborted { by: None });
+        } else {
+            // Told by the root that rank 0 aborted, before sending anything.
+            std::thread::sleep(Duration::from_millis(800));
+            let e = c.barrier().unwrap_err();
+            assert!(matches!(e, Error::Aborted { by: Some(0) } | Error::PeerLost { rank: 0, .. }), "{e:?}");
+        }
+    });
+}
+
+#[test]
+fn a_rank_that_never_calls_is_a_timeout_not_a_hang() {
+    let cfg = Config { timeout: Duration::from_secs(1), ..test_config() };
+    with_ranks(2, cfg, |c| {
+        if c.rank() == 0 {
+            let t = Instant::now();
+            let e = c.all_reduce_in_place(&mut [1f32; 10], ReduceOp::Sum).unwrap_err();
+            assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+            assert!(t.elapsed() < Duration::from_secs(5));
+            assert!(e.to_string().contains("data from rank 1"), "{e}");
+        } else {
+            std::thread::sleep(Duration::from_millis(1500));
+            // Rank 0's timeout was relayed.
+            let e = c.barrier().unwrap_err();
+            assert!(matches!(e, Error::Remote { rank: 0, .. } | Error::PeerLost { rank: 0, .. }), "{e:?}");
+        }
+    });
+}
+
+#[test]
+fn different_collectives_are_a_mismatch_not_a_hang() {
+    with_ranks(3, test_config(), |c| {
+        let mut buf = [1f32; 12];
+        let r = if c.rank() == 1 {
+            c.all_gather_in_place(&mut buf)
+        } else {
+            c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        };
+        let e = r.unwrap_err();
+        match &e {
+            Error::Mismatch { local, peer, remote } => {
+                assert!(local.contains("collective #0") && remote.contains("collective #0"), "{e}");
+                assert!(local.contains("all_") && remote.contains("all_") && local != remote, "{e}");
+                assert!(*peer < 3);
+            }
+            Error::Remote { message, .. } => assert!(message.contains("mismatch"), "{e}"),
+            Error::PeerLost { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    });
+}
+
+#[test]
+fn one_rank_communicator_just_copies() {
+    with_ranks(1, test_config(), |c| {
+        let mut out = [0i64; 3];
+        c.all_reduce(&[1, 2, 3], &mut out, ReduceOp::Avg).unwrap();
+        assert_eq!(out, [1, 2, 3]);
+        c.all_to_all(&[4, 5, 6], &mut out).unwrap();
+        assert_eq!(out, [4, 5, 6]);
+        c.barrier().unwrap();
+    });
+}
