@@ -38,22 +38,35 @@ struct Coll {
 
 impl Coll {
     fn fingerprint(&self) -> Fingerprint {
-        Fingerprint::new(self.kind, self.dtype, self.count).with_op(self.op).with_root(self.root)
+        Fingerprint::new(self.kind, self.dtype, self.count)
+            .with_op(self.op)
+            .with_root(self.root)
     }
 }
 
 fn check_bytes(what: &str, b: &[u8], dtype: DataType) -> Result<usize> {
     let es = dtype.size();
-    if b.len() % es != 0 {
-        return Err(Error::invalid(format!("{what} has {} bytes, not a multiple of {dtype}'s {es}", b.len())));
+    if !b.len().is_multiple_of(es) {
+        return Err(Error::invalid(format!(
+            "{what} has {} bytes, not a multiple of {dtype}'s {es}",
+            b.len()
+        )));
     }
-    if b.as_ptr() as usize % es != 0 {
-        return Err(Error::invalid(format!("{what} is not aligned to {es} bytes for {dtype}")));
+    if !(b.as_ptr() as usize).is_multiple_of(es) {
+        return Err(Error::invalid(format!(
+            "{what} is not aligned to {es} bytes for {dtype}"
+        )));
     }
     Ok(b.len() / es)
 }
 
-fn run_coll(inner: &Inner, st: &mut State, c: &Coll, send: Option<BufSpec>, recv: BufSpec) -> Result<()> {
+fn run_coll(
+    inner: &Inner,
+    st: &mut State,
+    c: &Coll,
+    send: Option<BufSpec>,
+    recv: BufSpec,
+) -> Result<()> {
     let (r, n) = (inner.rank, inner.nranks);
     let chunk = inner.chunk_elems(c.dtype);
     let avg = c.op == ReduceOp::Avg;
@@ -76,51 +89,67 @@ impl Communicator {
     fn check(&self, kind: Kind, send: Option<usize>, recv: usize, root: usize) -> Result<usize> {
         let (n, me) = (self.nranks(), self.rank());
         if matches!(kind, Kind::Broadcast | Kind::Reduce) && root >= n {
-            return Err(Error::invalid(format!("root {root} is not a rank of this {n}-rank communicator")));
+            return Err(Error::invalid(format!(
+                "root {root} is not a rank of this {n}-rank communicator"
+            )));
         }
         let len_err = |m: String| Err(Error::invalid(format!("{}: {m}", kind.name())));
         match kind {
             Kind::AllReduce | Kind::Barrier => {
                 if let Some(s) = send {
                     if s != recv {
-                        return len_err(format!("send has {s} elements, recv {recv}; they must match"));
+                        return len_err(format!(
+                            "send has {s} elements, recv {recv}; they must match"
+                        ));
                     }
                 }
                 Ok(recv)
             }
             Kind::AllGather => match send {
-                Some(s) if s * n != recv => len_err(format!("recv must hold nranks x send = {} elements, has {recv}", s * n)),
+                Some(s) if s * n != recv => len_err(format!(
+                    "recv must hold nranks x send = {} elements, has {recv}",
+                    s * n
+                )),
                 Some(s) => Ok(s),
-                None if recv % n != 0 => len_err(format!("in-place buffer of {recv} elements is not divisible by {n} ranks")),
+                None if !recv.is_multiple_of(n) => len_err(format!(
+                    "in-place buffer of {recv} elements is not divisible by {n} ranks"
+                )),
                 None => Ok(recv / n),
             },
             Kind::ReduceScatter => match send {
-                Some(s) if s != recv * n => len_err(format!("send must hold nranks x recv = {} elements, has {s}", recv * n)),
+                Some(s) if s != recv * n => len_err(format!(
+                    "send must hold nranks x recv = {} elements, has {s}",
+                    recv * n
+                )),
                 Some(_) => Ok(recv),
-                None if recv % n != 0 => len_err(format!("in-place buffer of {recv} elements is not divisible by {n} ranks")),
+                None if !recv.is_multiple_of(n) => len_err(format!(
+                    "in-place buffer of {recv} elements is not divisible by {n} ranks"
+                )),
                 None => Ok(recv / n),
             },
             Kind::AllToAll => {
                 if let Some(s) = send {
                     if s != recv {
-                        return len_err(format!("send has {s} elements, recv {recv}; they must match"));
+                        return len_err(format!(
+                            "send has {s} elements, recv {recv}; they must match"
+                        ));
                     }
                 }
-                if recv % n != 0 {
+                if !recv.is_multiple_of(n) {
                     return len_err(format!("{recv} elements are not divisible by {n} ranks"));
                 }
                 Ok(recv / n)
             }
             Kind::Broadcast => match send {
-                Some(s) if me == root && s != recv => {
-                    len_err(format!("at the root, send has {s} elements and recv {recv}; they must match"))
-                }
+                Some(s) if me == root && s != recv => len_err(format!(
+                    "at the root, send has {s} elements and recv {recv}; they must match"
+                )),
                 _ => Ok(recv),
             },
             Kind::Reduce => match send {
-                Some(s) if me == root && s != recv => {
-                    len_err(format!("at the root, recv must hold {s} elements, has {recv}"))
-                }
+                Some(s) if me == root && s != recv => len_err(format!(
+                    "at the root, recv must hold {s} elements, has {recv}"
+                )),
                 Some(s) => Ok(s),
                 None => Ok(recv),
             },
@@ -137,16 +166,28 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let s_elems = send.map(|s| check_bytes("send buffer", s, dtype)).transpose()?;
+        let s_elems = send
+            .map(|s| check_bytes("send buffer", s, dtype))
+            .transpose()?;
         let r_elems = check_bytes("recv buffer", recv, dtype)?;
         let count = self.check(kind, s_elems, r_elems, root)?;
-        let c = Coll { kind, dtype, op, root, count, in_place: send.is_none() };
+        let c = Coll {
+            kind,
+            dtype,
+            op,
+            root,
+            count,
+            in_place: send.is_none(),
+        };
         // In-place all_gather reads this rank's part of the buffer.
         let send_spec = match (kind, send) {
             (_, Some(s)) => Some(BufSpec::read_only(s)),
             (Kind::AllGather, None) => {
                 let es = dtype.size();
-                Some(BufSpec { ptr: recv[self.rank() * count * es..].as_mut_ptr(), bytes: count * es })
+                Some(BufSpec {
+                    ptr: recv[self.rank() * count * es..].as_mut_ptr(),
+                    bytes: count * es,
+                })
             }
             (Kind::ReduceScatter, None) => Some(BufSpec::writable(recv)),
             _ => None,
@@ -154,7 +195,10 @@ impl Communicator {
         let recv_spec = match (kind, send) {
             (Kind::ReduceScatter, None) => {
                 let es = dtype.size();
-                BufSpec { ptr: recv[self.rank() * count * es..].as_mut_ptr(), bytes: count * es }
+                BufSpec {
+                    ptr: recv[self.rank() * count * es..].as_mut_ptr(),
+                    bytes: count * es,
+                }
             }
             _ => BufSpec::writable(recv),
         };
@@ -164,27 +208,62 @@ impl Communicator {
     // ---------------------------------------------------------- untyped --
 
     /// Untyped all-reduce; `send: None` means in place on `recv`.
-    pub fn all_reduce_bytes(&self, send: Option<&[u8]>, recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub fn all_reduce_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         self.coll_bytes(Kind::AllReduce, send, recv, dtype, op, 0)
     }
     /// Untyped all-gather; `send: None` means in place.
-    pub fn all_gather_bytes(&self, send: Option<&[u8]>, recv: &mut [u8], dtype: DataType) -> Result<()> {
+    pub fn all_gather_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
         self.coll_bytes(Kind::AllGather, send, recv, dtype, ReduceOp::Sum, 0)
     }
     /// Untyped reduce-scatter; `send: None` means in place.
-    pub fn reduce_scatter_bytes(&self, send: Option<&[u8]>, recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         self.coll_bytes(Kind::ReduceScatter, send, recv, dtype, op, 0)
     }
     /// Untyped broadcast; `send: None` means in place.
-    pub fn broadcast_bytes(&self, send: Option<&[u8]>, recv: &mut [u8], dtype: DataType, root: usize) -> Result<()> {
+    pub fn broadcast_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DataType,
+        root: usize,
+    ) -> Result<()> {
         self.coll_bytes(Kind::Broadcast, send, recv, dtype, ReduceOp::Sum, root)
     }
     /// Untyped reduce; `send: None` means in place.
-    pub fn reduce_bytes(&self, send: Option<&[u8]>, recv: &mut [u8], dtype: DataType, op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.coll_bytes(Kind::Reduce, send, recv, dtype, op, root)
     }
     /// Untyped all-to-all; `send: None` means in place.
-    pub fn all_to_all_bytes(&self, send: Option<&[u8]>, recv: &mut [u8], dtype: DataType) -> Result<()> {
+    pub fn all_to_all_bytes(
+        &self,
+        send: Option<&[u8]>,
+        recv: &mut [u8],
+        dtype: DataType,
+    ) -> Result<()> {
         self.coll_bytes(Kind::AllToAll, send, recv, dtype, ReduceOp::Sum, 0)
     }
 
@@ -207,7 +286,12 @@ impl Communicator {
         self.all_gather_bytes(None, as_bytes_mut(buf), T::DTYPE)
     }
     /// `recv = op over ranks of send[rank*len..]` (`send.len() == nranks * recv.len()`).
-    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
         self.reduce_scatter_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE, op)
     }
     /// In-place reduce-scatter: the result lands at `buf[rank*len..(rank+1)*len]`;
@@ -224,11 +308,22 @@ impl Communicator {
         self.broadcast_bytes(None, as_bytes_mut(buf), T::DTYPE, root)
     }
     /// At the root, `recv = op over ranks of send`; `recv` is ignored elsewhere (pass `&mut []`).
-    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.reduce_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE, op, root)
     }
     /// In-place reduce: the root's buffer gets the result, others are untouched.
-    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
         self.reduce_bytes(None, as_bytes_mut(buf), T::DTYPE, op, root)
     }
     /// `recv[k*c..]` of this rank = `send[rank*c..]` of rank k, with `c = len / nranks`.
@@ -241,8 +336,26 @@ impl Communicator {
     }
     /// Wait until every rank has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
-        let c = Coll { kind: Kind::Barrier, dtype: DataType::U8, op: ReduceOp::Sum, root: 0, count: 0, in_place: true };
-        self.run(|inner, st| run_coll(inner, st, &c, None, BufSpec { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), bytes: 0 }))
+        let c = Coll {
+            kind: Kind::Barrier,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+            count: 0,
+            in_place: true,
+        };
+        self.run(|inner, st| {
+            run_coll(
+                inner,
+                st,
+                &c,
+                None,
+                BufSpec {
+                    ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                    bytes: 0,
+                },
+            )
+        })
     }
 
     // ------------------------------------------------- point-to-point --
@@ -257,7 +370,13 @@ impl Communicator {
     }
     /// Send to one peer and receive from another at the same time (never
     /// deadlocks when both sides call it with each other).
-    pub fn send_recv<T: Element>(&self, send: &[T], to: usize, recv: &mut [T], from: usize) -> Result<()> {
+    pub fn send_recv<T: Element>(
+        &self,
+        send: &[T],
+        to: usize,
+        recv: &mut [T],
+        from: usize,
+    ) -> Result<()> {
         self.group(vec![P2p::Send(send, to), P2p::Recv(recv, from)])
     }
 
@@ -268,7 +387,13 @@ impl Communicator {
     /// matched in order and copied.
     pub fn group<T: Element>(&self, ops: Vec<P2p<'_, T>>) -> Result<()> {
         let n = self.nranks();
-        let mut specs: Vec<BufSpec> = vec![BufSpec { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), bytes: 0 }; 2];
+        let mut specs: Vec<BufSpec> = vec![
+            BufSpec {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                bytes: 0
+            };
+            2
+        ];
         let mut steps = Vec::new();
         let mut self_sends: Vec<&[T]> = Vec::new();
         let mut self_recvs: Vec<*mut [T]> = Vec::new();
@@ -277,17 +402,27 @@ impl Communicator {
                 P2p::Send(_, p) | P2p::Recv(_, p) => *p,
             };
             if peer >= n {
-                return Err(Error::invalid(format!("peer {peer} is not a rank of this {n}-rank communicator")));
+                return Err(Error::invalid(format!(
+                    "peer {peer} is not a rank of this {n}-rank communicator"
+                )));
             }
             match op {
                 P2p::Send(b, p) if p == self.rank() => self_sends.push(b),
                 P2p::Recv(b, p) if p == self.rank() => self_recvs.push(b as *mut [T]),
                 P2p::Send(b, p) => {
-                    steps.push(P2pStep::Send { peer: p, buf: specs.len() as u16, len: b.len() });
+                    steps.push(P2pStep::Send {
+                        peer: p,
+                        buf: specs.len() as u16,
+                        len: b.len(),
+                    });
                     specs.push(BufSpec::read_only(as_bytes(b)));
                 }
                 P2p::Recv(b, p) => {
-                    steps.push(P2pStep::Recv { peer: p, buf: specs.len() as u16, len: b.len() });
+                    steps.push(P2pStep::Recv {
+                        peer: p,
+                        buf: specs.len() as u16,
+                        len: b.len(),
+                    });
                     specs.push(BufSpec::writable(as_bytes_mut(b)));
                 }
             }
@@ -305,7 +440,10 @@ impl Communicator {
         for (s, r) in self_sends.iter().zip(&self_recvs) {
             let rl = r.len();
             if s.len() != rl {
-                return Err(Error::invalid(format!("self send of {} elements matched with a receive of {rl}", s.len())));
+                return Err(Error::invalid(format!(
+                    "self send of {} elements matched with a receive of {rl}",
+                    s.len()
+                )));
             }
         }
         let dtype = T::DTYPE;
@@ -326,25 +464,44 @@ impl Communicator {
 
     // ------------------------------------------------------------ async --
 
-    fn coll_async<T: Element>(&self, kind: Kind, mut buf: Vec<T>, op: ReduceOp, root: usize) -> Work<Vec<T>> {
+    fn coll_async<T: Element>(
+        &self,
+        kind: Kind,
+        mut buf: Vec<T>,
+        op: ReduceOp,
+        root: usize,
+    ) -> Work<Vec<T>> {
         let count = match self.check(kind, None, buf.len(), root) {
             Ok(c) => c,
             Err(e) => return self.inner.worker.submit(move || Err(e)),
         };
         let rank = self.rank();
-        let c = Coll { kind, dtype: T::DTYPE, op, root, count, in_place: true };
+        let c = Coll {
+            kind,
+            dtype: T::DTYPE,
+            op,
+            root,
+            count,
+            in_place: true,
+        };
         self.submit(move |inner, st| {
             {
                 let es = T::DTYPE.size();
                 let bytes = as_bytes_mut(&mut buf);
                 let (send, recv) = match kind {
                     Kind::AllGather => (
-                        Some(BufSpec { ptr: bytes[rank * count * es..].as_mut_ptr(), bytes: count * es }),
+                        Some(BufSpec {
+                            ptr: bytes[rank * count * es..].as_mut_ptr(),
+                            bytes: count * es,
+                        }),
                         BufSpec::writable(bytes),
                     ),
                     Kind::ReduceScatter => (
                         Some(BufSpec::writable(bytes)),
-                        BufSpec { ptr: bytes[rank * count * es..].as_mut_ptr(), bytes: count * es },
+                        BufSpec {
+                            ptr: bytes[rank * count * es..].as_mut_ptr(),
+                            bytes: count * es,
+                        },
                     ),
                     _ => (None, BufSpec::writable(bytes)),
                 };
@@ -386,8 +543,26 @@ impl Communicator {
     }
     /// Async barrier.
     pub fn barrier_async(&self) -> Work<()> {
-        let c = Coll { kind: Kind::Barrier, dtype: DataType::U8, op: ReduceOp::Sum, root: 0, count: 0, in_place: true };
-        self.submit(move |inner, st| run_coll(inner, st, &c, None, BufSpec { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), bytes: 0 }))
+        let c = Coll {
+            kind: Kind::Barrier,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+            count: 0,
+            in_place: true,
+        };
+        self.submit(move |inner, st| {
+            run_coll(
+                inner,
+                st,
+                &c,
+                None,
+                BufSpec {
+                    ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                    bytes: 0,
+                },
+            )
+        })
     }
     /// Async send of an owned buffer (returned when sent).
     pub fn send_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
@@ -401,7 +576,9 @@ impl Communicator {
     fn p2p_async<T: Element>(&self, mut buf: Vec<T>, peer: usize, is_send: bool) -> Work<Vec<T>> {
         let n = self.nranks();
         if peer >= n || peer == self.rank() {
-            let e = Error::invalid(format!("async point-to-point peer {peer} must be another rank of 0..{n}"));
+            let e = Error::invalid(format!(
+                "async point-to-point peer {peer} must be another rank of 0..{n}"
+            ));
             return self.inner.worker.submit(move || Err(e));
         }
         let dtype = T::DTYPE;
@@ -409,11 +586,24 @@ impl Communicator {
             let len = buf.len();
             let bytes = as_bytes_mut(&mut buf);
             let spec = BufSpec::writable(bytes);
-            let step = if is_send { P2pStep::Send { peer, buf: 2, len } } else { P2pStep::Recv { peer, buf: 2, len } };
+            let step = if is_send {
+                P2pStep::Send { peer, buf: 2, len }
+            } else {
+                P2pStep::Recv { peer, buf: 2, len }
+            };
             let sched = schedule::p2p(&[step], inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &[step], &sched, dtype);
-            let dummy = BufSpec { ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(), bytes: 0 };
-            inner.execute(st, Fingerprint::new(Kind::P2p, dtype, 0), &sched, &[dummy, dummy, spec], Some(per_step))?;
+            let dummy = BufSpec {
+                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+                bytes: 0,
+            };
+            inner.execute(
+                st,
+                Fingerprint::new(Kind::P2p, dtype, 0),
+                &sched,
+                &[dummy, dummy, spec],
+                Some(per_step),
+            )?;
             Ok(buf)
         })
     }

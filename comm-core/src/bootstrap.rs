@@ -43,7 +43,11 @@ pub enum Notice {
     /// `rank` died or dropped its connection without saying goodbye.
     Lost { rank: usize, detail: String },
     /// `origin` failed (or aborted) with this message.
-    Failed { origin: usize, aborted: bool, message: String },
+    Failed {
+        origin: usize,
+        aborted: bool,
+        message: String,
+    },
 }
 
 impl Notice {
@@ -55,7 +59,11 @@ impl Notice {
                 v.put_u32(*rank as u32);
                 v.put_str(detail);
             }
-            Notice::Failed { origin, aborted, message } => {
+            Notice::Failed {
+                origin,
+                aborted,
+                message,
+            } => {
                 v.put_u8(if *aborted { 2 } else { 1 });
                 v.put_u32(*origin as u32);
                 v.put_str(message);
@@ -71,7 +79,11 @@ impl Notice {
         let text = r.string(4096)?;
         match kind {
             0 => Ok(Notice::Lost { rank, detail: text }),
-            1 | 2 => Ok(Notice::Failed { origin: rank, aborted: kind == 2, message: text }),
+            1 | 2 => Ok(Notice::Failed {
+                origin: rank,
+                aborted: kind == 2,
+                message: text,
+            }),
             k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
         }
     }
@@ -99,7 +111,13 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
     for _ in 0..n {
         addrs.push(r.blob(4096)?.to_vec());
     }
-    Ok(PeerInfo { rank, hostname, host_id, pid, addrs })
+    Ok(PeerInfo {
+        rank,
+        hostname,
+        host_id,
+        pid,
+        addrs,
+    })
 }
 
 /// Decode a table message body (after the type byte).
@@ -112,7 +130,10 @@ pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
     for i in 0..n {
         let p = decode_info(r)?;
         if p.rank != i {
-            return Err(Error::Protocol(format!("peer table entry {i} claims rank {}", p.rank)));
+            return Err(Error::Protocol(format!(
+                "peer table entry {i} claims rank {}",
+                p.rank
+            )));
         }
         v.push(p);
     }
@@ -125,16 +146,38 @@ pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
 /// What a connection thread reports; `conn` numbers connections so
 /// events of a rejected duplicate are never taken for the real rank's.
 enum Event {
-    Registered { conn: u64, rank: usize, nranks: usize, info: PeerInfo, stream: TcpStream },
-    Abort { conn: u64, rank: usize, notice: Notice },
-    Goodbye { conn: u64, rank: usize },
-    Eof { conn: u64, rank: usize },
+    Registered {
+        conn: u64,
+        rank: usize,
+        nranks: usize,
+        info: PeerInfo,
+        stream: TcpStream,
+    },
+    Abort {
+        conn: u64,
+        rank: usize,
+        notice: Notice,
+    },
+    Goodbye {
+        conn: u64,
+        rank: usize,
+    },
+    Eof {
+        conn: u64,
+        rank: usize,
+    },
 }
 
 /// Start the root on `listener`. It runs on its own threads until every
 /// rank has left (or `init_timeout` passes before all registered).
-pub(crate) fn spawn_root(listener: TcpListener, secret: Secret, init_timeout: Duration) -> Result<()> {
-    listener.set_nonblocking(true).map_err(|e| Error::Bootstrap(format!("root listener: {e}")))?;
+pub(crate) fn spawn_root(
+    listener: TcpListener,
+    secret: Secret,
+    init_timeout: Duration,
+) -> Result<()> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::Bootstrap(format!("root listener: {e}")))?;
     let stop = Arc::new(AtomicBool::new(false));
     let (tx, rx) = unbounded();
     let stop2 = stop.clone();
@@ -182,10 +225,16 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
     let comm_id = secret.comm_id();
     let hello = match handshake::server(&mut s, &secret, |h: &Hello| {
         if h.purpose != Purpose::Bootstrap || h.to != ROOT {
-            return Err(Error::Handshake(format!("{:?} connection sent to the rendezvous root", h.purpose)));
+            return Err(Error::Handshake(format!(
+                "{:?} connection sent to the rendezvous root",
+                h.purpose
+            )));
         }
         if h.comm_id != comm_id {
-            return Err(Error::Handshake(format!("communicator {:#x} is not this job's", h.comm_id)));
+            return Err(Error::Handshake(format!(
+                "communicator {:#x} is not this job's",
+                h.comm_id
+            )));
         }
         Ok(())
     }) {
@@ -211,8 +260,15 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
         let nranks = r.u32()? as usize;
         let info = decode_info(&mut r)?;
         r.finish()?;
-        if nranks == 0 || nranks > MAX_RANKS || info.rank >= nranks || info.rank != hello.from as usize {
-            return Err(Error::Protocol(format!("rank {} of {nranks} is out of range", info.rank)));
+        if nranks == 0
+            || nranks > MAX_RANKS
+            || info.rank >= nranks
+            || info.rank != hello.from as usize
+        {
+            return Err(Error::Protocol(format!(
+                "rank {} of {nranks} is out of range",
+                info.rank
+            )));
         }
         Ok((nranks, info))
     })();
@@ -225,7 +281,16 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
     };
     let rank = info.rank;
     let Ok(writer) = s.try_clone() else { return };
-    if tx.send(Event::Registered { conn, rank, nranks, info, stream: writer }).is_err() {
+    if tx
+        .send(Event::Registered {
+            conn,
+            rank,
+            nranks,
+            info,
+            stream: writer,
+        })
+        .is_err()
+    {
         return;
     }
     // Relay phase: no read deadline, the rank speaks only when it fails or leaves.
@@ -236,12 +301,21 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
                 let mut r = Reader::new(&f, "control message");
                 let ev = match r.u8() {
                     Ok(MSG_GOODBYE) => Event::Goodbye { conn, rank },
-                    Ok(MSG_ABORT) => match r.u8().ok().filter(|t| *t == MSG_NOTICE).map(|_| Notice::decode(&mut r)) {
+                    Ok(MSG_ABORT) => match r
+                        .u8()
+                        .ok()
+                        .filter(|t| *t == MSG_NOTICE)
+                        .map(|_| Notice::decode(&mut r))
+                    {
                         Some(Ok(notice)) => Event::Abort { conn, rank, notice },
                         _ => Event::Abort {
                             conn,
                             rank,
-                            notice: Notice::Failed { origin: rank, aborted: false, message: "unreadable abort".into() },
+                            notice: Notice::Failed {
+                                origin: rank,
+                                aborted: false,
+                                message: "unreadable abort".into(),
+                            },
                         },
                     },
                     _ => {
@@ -295,7 +369,13 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             }
         };
         match ev {
-            Event::Registered { conn, rank, nranks: n, info, mut stream } => {
+            Event::Registered {
+                conn,
+                rank,
+                nranks: n,
+                info,
+                mut stream,
+            } => {
                 if nranks == 0 {
                     nranks = n;
                     conns = (0..n).map(|_| None).collect();
@@ -303,14 +383,19 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                     infos = vec![None; n];
                 }
                 let problem = if n != nranks {
-                    Some(format!("rank {rank} says the world has {n} ranks, others say {nranks}"))
+                    Some(format!(
+                        "rank {rank} says the world has {n} ranks, others say {nranks}"
+                    ))
                 } else if infos[rank].is_some() {
                     Some(format!("rank {rank} registered twice"))
                 } else {
                     None
                 };
                 if let Some(p) = problem {
-                    tracing::warn!("oxccl root: rejected a registration from {:?}: {p}", stream.peer_addr().ok());
+                    tracing::warn!(
+                        "oxccl root: rejected a registration from {:?}: {p}",
+                        stream.peer_addr().ok()
+                    );
                     let mut v = vec![MSG_REJECT];
                     v.put_str(&p);
                     send_to(&mut stream, &v);
@@ -322,7 +407,9 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                 conn_ids[rank] = conn;
                 registered += 1;
             }
-            Event::Eof { conn, rank } | Event::Goodbye { conn, rank } | Event::Abort { conn, rank, .. } => {
+            Event::Eof { conn, rank }
+            | Event::Goodbye { conn, rank }
+            | Event::Abort { conn, rank, .. } => {
                 if rank < nranks && conns[rank].is_some() && conn_ids[rank] == conn {
                     // A registered rank vanished before the table went out:
                     // nobody can complete init.
@@ -350,7 +437,10 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
     while gone.iter().any(|g| !g) {
         let Ok(ev) = rx.recv() else { return };
         let claimed = match &ev {
-            Event::Registered { rank, .. } | Event::Abort { rank, .. } | Event::Goodbye { rank, .. } | Event::Eof { rank, .. } => *rank,
+            Event::Registered { rank, .. }
+            | Event::Abort { rank, .. }
+            | Event::Goodbye { rank, .. }
+            | Event::Eof { rank, .. } => *rank,
         };
         if claimed >= nranks {
             if let Event::Registered { mut stream, .. } = ev {
@@ -362,7 +452,9 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             continue;
         }
         let (rank, notice) = match ev {
-            Event::Goodbye { conn, rank } | Event::Eof { conn, rank } | Event::Abort { conn, rank, .. }
+            Event::Goodbye { conn, rank }
+            | Event::Eof { conn, rank }
+            | Event::Abort { conn, rank, .. }
                 if conn_ids[rank] != conn =>
             {
                 continue; // a rejected stranger, not the rank itself
@@ -376,11 +468,25 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                     continue;
                 }
                 gone[rank] = true;
-                let host = conns[rank].as_ref().and(infos[rank].as_ref()).map(|i| i.hostname.clone()).unwrap_or_default();
-                (rank, Notice::Lost { rank, detail: format!("its control connection to the root on {host} closed without goodbye") })
+                let host = conns[rank]
+                    .as_ref()
+                    .and(infos[rank].as_ref())
+                    .map(|i| i.hostname.clone())
+                    .unwrap_or_default();
+                (
+                    rank,
+                    Notice::Lost {
+                        rank,
+                        detail: format!(
+                            "its control connection to the root on {host} closed without goodbye"
+                        ),
+                    },
+                )
             }
             Event::Abort { rank, notice, .. } => (rank, notice),
-            Event::Registered { mut stream, rank, .. } => {
+            Event::Registered {
+                mut stream, rank, ..
+            } => {
                 tracing::warn!("oxccl root: rejected late registration of rank {rank}");
                 let mut v = vec![MSG_REJECT];
                 v.put_str("the communicator is already complete");
@@ -405,7 +511,11 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
 
 /// `poll(2)` on one fd; returns true when it is ready.
 pub(crate) fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> bool {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
     // SAFETY: one valid pollfd on the stack for the duration of the call.
     unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
 }
@@ -441,32 +551,69 @@ pub(crate) fn rendezvous(
         }
     };
     let _ = s.set_nodelay(true);
-    let io_left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    let io_left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
     let _ = s.set_read_timeout(Some(io_left.min(DOOR_TIMEOUT)));
     let _ = s.set_write_timeout(Some(io_left.min(DOOR_TIMEOUT)));
-    let hello = Hello::new(Purpose::Bootstrap, secret.comm_id(), me.rank, ROOT, nranks, 0)?;
+    let hello = Hello::new(
+        Purpose::Bootstrap,
+        secret.comm_id(),
+        me.rank,
+        ROOT,
+        nranks,
+        0,
+    )?;
     handshake::client(&mut s, secret, &hello)
         .map_err(|e| Error::Bootstrap(format!("root at {root} refused us: {e}")))?;
     let mut reg = vec![MSG_REGISTER];
     reg.put_u32(nranks as u32);
     encode_info(&mut reg, me);
-    wire::write_frame(&mut s, &reg).map_err(|e| Error::Bootstrap(format!("registering with the root: {e}")))?;
-    let _ = s.set_read_timeout(Some(deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))));
+    wire::write_frame(&mut s, &reg)
+        .map_err(|e| Error::Bootstrap(format!("registering with the root: {e}")))?;
+    let _ = s.set_read_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
+    ));
     let frame = wire::read_frame(&mut s, 64 << 20)
-        .map_err(|e| Error::Bootstrap(format!("waiting for the other ranks at {root}: {e} (did every rank start?)")))?
-        .ok_or_else(|| Error::Bootstrap(format!("root at {root} closed the connection during bootstrap")))?;
+        .map_err(|e| {
+            Error::Bootstrap(format!(
+                "waiting for the other ranks at {root}: {e} (did every rank start?)"
+            ))
+        })?
+        .ok_or_else(|| {
+            Error::Bootstrap(format!(
+                "root at {root} closed the connection during bootstrap"
+            ))
+        })?;
     let mut r = Reader::new(&frame, "peer table");
     let table = match r.u8()? {
         MSG_TABLE => decode_table(&mut r)?,
         MSG_REJECT => return Err(Error::Bootstrap(r.string(4096)?)),
-        t => return Err(Error::Protocol(format!("unexpected message {t} from the root"))),
+        t => {
+            return Err(Error::Protocol(format!(
+                "unexpected message {t} from the root"
+            )))
+        }
     };
     if table.len() != nranks {
-        return Err(Error::Bootstrap(format!("root sent a table of {} ranks, expected {nranks}", table.len())));
+        return Err(Error::Bootstrap(format!(
+            "root sent a table of {} ranks, expected {nranks}",
+            table.len()
+        )));
     }
     s.set_read_timeout(None).ok();
-    s.set_nonblocking(true).map_err(|e| Error::Bootstrap(format!("control socket: {e}")))?;
-    Ok((Control { stream: s, buf: Vec::new(), gone: false }, table))
+    s.set_nonblocking(true)
+        .map_err(|e| Error::Bootstrap(format!("control socket: {e}")))?;
+    Ok((
+        Control {
+            stream: s,
+            buf: Vec::new(),
+            gone: false,
+        },
+        table,
+    ))
 }
 
 /// The write side of the control connection, shareable with `abort()`.
@@ -525,7 +672,10 @@ impl Control {
 
     pub(crate) fn sender(&self) -> Result<ControlSender> {
         Ok(ControlSender {
-            stream: self.stream.try_clone().map_err(|e| Error::Bootstrap(format!("control socket: {e}")))?,
+            stream: self
+                .stream
+                .try_clone()
+                .map_err(|e| Error::Bootstrap(format!("control socket: {e}")))?,
         })
     }
 

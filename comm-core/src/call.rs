@@ -25,9 +25,18 @@ impl Kind {
     /// Decode the wire code.
     pub fn from_code(c: u8) -> Option<Kind> {
         use Kind::*;
-        [AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, Barrier, P2p]
-            .into_iter()
-            .find(|k| *k as u8 == c)
+        [
+            AllReduce,
+            AllGather,
+            ReduceScatter,
+            Broadcast,
+            Reduce,
+            AllToAll,
+            Barrier,
+            P2p,
+        ]
+        .into_iter()
+        .find(|k| *k as u8 == c)
     }
 
     /// The snake_case name users know from NCCL (`all_reduce`).
@@ -60,7 +69,13 @@ pub struct Fingerprint {
 impl Fingerprint {
     /// A fingerprint for a call without an operator or root.
     pub fn new(kind: Kind, dtype: DataType, count: usize) -> Fingerprint {
-        Fingerprint { kind, dtype, op: ReduceOp::Sum, root: 0, count: count as u64 }
+        Fingerprint {
+            kind,
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+            count: count as u64,
+        }
     }
 
     /// Set the reduction operator.
@@ -77,7 +92,10 @@ impl Fingerprint {
 
     /// Whether the operator is part of the call's meaning.
     fn has_op(&self) -> bool {
-        matches!(self.kind, Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce)
+        matches!(
+            self.kind,
+            Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce
+        )
     }
 
     /// Whether `root` is part of the call's meaning.
@@ -120,7 +138,13 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}(count={}, {}", self.kind.name(), self.count, self.dtype)?;
+        write!(
+            f,
+            "{}(count={}, {}",
+            self.kind.name(),
+            self.count,
+            self.dtype
+        )?;
         if self.has_op() {
             write!(f, ", {}", self.op)?;
         }

@@ -73,7 +73,8 @@ pub fn host_identity() -> (String, u64) {
     let id_text = match std::env::var("OXCCL_HOSTID") {
         Ok(v) if !v.is_empty() => v,
         _ => {
-            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+            let boot =
+                std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
             format!("{host}|{}", boot.trim())
         }
     };
@@ -85,7 +86,10 @@ fn eventfd() -> Result<OwnedFd> {
     // SAFETY: plain syscall; the returned fd is owned below.
     let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if fd < 0 {
-        return Err(Error::Bootstrap(format!("eventfd: {}", std::io::Error::last_os_error())));
+        return Err(Error::Bootstrap(format!(
+            "eventfd: {}",
+            std::io::Error::last_os_error()
+        )));
     }
     // SAFETY: fd is a fresh, valid descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -106,7 +110,10 @@ impl Communicator {
             return Err(Error::invalid(format!("rank {rank} is not in 0..{nranks}")));
         }
         if nranks > bootstrap::MAX_RANKS {
-            return Err(Error::invalid(format!("{nranks} ranks exceed the limit of {}", bootstrap::MAX_RANKS)));
+            return Err(Error::invalid(format!(
+                "{nranks} ranks exceed the limit of {}",
+                bootstrap::MAX_RANKS
+            )));
         }
         config.validate()?;
         let deadline = Instant::now() + config.timeout;
@@ -136,14 +143,20 @@ impl Communicator {
             pid: std::process::id(),
             addrs: endpoints.iter().map(|e| e.address()).collect(),
         };
-        let (control, peers) = bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
-        let mut links: Vec<Option<Box<dyn crate::transport::Link>>> = (0..nranks).map(|_| None).collect();
+        let (control, peers) =
+            bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
+        let mut links: Vec<Option<Box<dyn crate::transport::Link>>> =
+            (0..nranks).map(|_| None).collect();
         for (t, ep) in endpoints.iter_mut().enumerate() {
             let mut mine = Vec::new();
             for p in peers.iter().filter(|p| p.rank != rank) {
                 if (transports.choose)(&config, &me, p)? == t {
                     let addr = p.addrs.get(t).cloned().ok_or_else(|| {
-                        Error::Bootstrap(format!("rank {} published no address for transport {}", p.rank, transports.list[t].name()))
+                        Error::Bootstrap(format!(
+                            "rank {} published no address for transport {}",
+                            p.rank,
+                            transports.list[t].name()
+                        ))
                     })?;
                     mine.push((p.rank, addr));
                 }
@@ -156,10 +169,17 @@ impl Communicator {
             }
         }
         if let Some(missing) = (0..nranks).find(|p| *p != rank && links[*p].is_none()) {
-            return Err(Error::Bootstrap(format!("no transport produced a link to rank {missing}")));
+            return Err(Error::Bootstrap(format!(
+                "no transport produced a link to rank {missing}"
+            )));
         }
         let sender = control.sender()?;
-        tracing::info!(rank, nranks, comm = format!("{:#x}", id.comm_id()), "oxccl communicator ready");
+        tracing::info!(
+            rank,
+            nranks,
+            comm = format!("{:#x}", id.comm_id()),
+            "oxccl communicator ready"
+        );
         Ok(Communicator {
             inner: Arc::new(Inner {
                 rank,
@@ -230,7 +250,11 @@ impl Communicator {
     /// out (returns `Ok(None)`). Collective over the parent.
     pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let n = self.nranks();
-        let mine = [color.map_or(u64::MAX, u64::from), key as u64, self.rank() as u64];
+        let mine = [
+            color.map_or(u64::MAX, u64::from),
+            key as u64,
+            self.rank() as u64,
+        ];
         let mut all = vec![0u64; 3 * n];
         self.all_gather(&mine, &mut all)?;
         let Some(color) = color else {
@@ -249,7 +273,11 @@ impl Communicator {
         let mut record = [0u8; ID_RECORD];
         if new_rank == 0 {
             let addr = std::net::SocketAddr::new(
-                if self.inner.peers.is_empty() { std::net::Ipv4Addr::LOCALHOST.into() } else { self.local_ip() },
+                if self.inner.peers.is_empty() {
+                    std::net::Ipv4Addr::LOCALHOST.into()
+                } else {
+                    self.local_ip()
+                },
                 0,
             );
             let id = UniqueId::serve(addr, Secret::random()?, self.inner.config.timeout)?;
@@ -261,14 +289,22 @@ impl Communicator {
         split_result?;
         let rec = &ids[leader * ID_RECORD..(leader + 1) * ID_RECORD];
         let end = rec.iter().position(|b| *b == 0).unwrap_or(ID_RECORD);
-        let text = std::str::from_utf8(&rec[..end]).map_err(|_| Error::Protocol("split: bad id record".into()))?;
+        let text = std::str::from_utf8(&rec[..end])
+            .map_err(|_| Error::Protocol("split: bad id record".into()))?;
         let id: UniqueId = text.parse()?;
-        Communicator::init_with(&id, new_rank, members.len(), self.inner.config.clone(), self.inner.transports.clone())
-            .map(Some)
+        Communicator::init_with(
+            &id,
+            new_rank,
+            members.len(),
+            self.inner.config.clone(),
+            self.inner.transports.clone(),
+        )
+        .map(Some)
     }
 
     fn local_ip(&self) -> std::net::IpAddr {
-        net::pick_address(self.inner.config.socket_ifname.as_deref()).unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())
+        net::pick_address(self.inner.config.socket_ifname.as_deref())
+            .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())
     }
 
     /// Run `f` as the next call in issue order (blocking, this thread).
@@ -284,7 +320,9 @@ impl Communicator {
     ) -> Work<R> {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
-        self.inner.worker.submit(move || inner.run_ticket(ticket, f))
+        self.inner
+            .worker
+            .submit(move || inner.run_ticket(ticket, f))
     }
 }
 
@@ -298,7 +336,13 @@ impl Inner {
         }
         let one: u64 = 1;
         // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
-        unsafe { libc::write(self.abort_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        unsafe {
+            libc::write(
+                self.abort_fd.as_raw_fd(),
+                &one as *const u64 as *const libc::c_void,
+                8,
+            )
+        };
         self.set_poison(Error::Aborted { by: None });
         // Wake calls waiting for their turn.
         let _t = self.turn.lock().unwrap();
@@ -334,7 +378,11 @@ impl Inner {
         Ok(t)
     }
 
-    pub(crate) fn run_ticket<R>(&self, ticket: u64, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
+    pub(crate) fn run_ticket<R>(
+        &self,
+        ticket: u64,
+        f: impl FnOnce(&Inner, &mut State) -> Result<R>,
+    ) -> Result<R> {
         let turn = self.wait_turn(ticket)?;
         drop(turn);
         let result = match self.poisoned() {
@@ -373,7 +421,11 @@ impl Inner {
             st.seq += 1;
             st.seq - 1
         };
-        let during = if fp.kind == Kind::P2p { fp.to_string() } else { format!("{} #{seq}", fp.kind.name()) };
+        let during = if fp.kind == Kind::P2p {
+            fp.to_string()
+        } else {
+            format!("{} #{seq}", fp.kind.name())
+        };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
         // A failure elsewhere that was announced while this rank was between
         // calls fails this call before it sends anything.
@@ -405,7 +457,13 @@ impl Inner {
     }
 
     /// Assign per-operation sequence numbers to a point-to-point group.
-    pub(crate) fn p2p_numbers(&self, st: &mut State, ops: &[schedule::P2pStep], sched: &Schedule, dtype: DataType) -> Vec<(u64, Fingerprint)> {
+    pub(crate) fn p2p_numbers(
+        &self,
+        st: &mut State,
+        ops: &[schedule::P2pStep],
+        sched: &Schedule,
+        dtype: DataType,
+    ) -> Vec<(u64, Fingerprint)> {
         // Map each schedule step to the group op it came from: p2p() emits
         // the ops' messages in op order.
         let mut per_op = Vec::with_capacity(ops.len());
@@ -413,11 +471,17 @@ impl Inner {
             let (seq, fp) = match *op {
                 schedule::P2pStep::Send { peer, len, .. } => {
                     st.p2p_sent[peer] += 1;
-                    (st.p2p_sent[peer] - 1, Fingerprint::new(Kind::P2p, dtype, len).with_root(peer))
+                    (
+                        st.p2p_sent[peer] - 1,
+                        Fingerprint::new(Kind::P2p, dtype, len).with_root(peer),
+                    )
                 }
                 schedule::P2pStep::Recv { peer, len, .. } => {
                     st.p2p_recvd[peer] += 1;
-                    (st.p2p_recvd[peer] - 1, Fingerprint::new(Kind::P2p, dtype, len).with_root(peer))
+                    (
+                        st.p2p_recvd[peer] - 1,
+                        Fingerprint::new(Kind::P2p, dtype, len).with_root(peer),
+                    )
                 }
             };
             let msgs = match *op {

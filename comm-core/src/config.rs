@@ -45,9 +45,11 @@ fn env(name: &str) -> Option<String> {
 }
 
 fn parse_num(name: &str, v: &str) -> Result<f64> {
-    v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(|| {
-        Error::Config(format!("{name}={v:?} is not a non-negative number"))
-    })
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|x| x.is_finite() && *x >= 0.0)
+        .ok_or_else(|| Error::Config(format!("{name}={v:?} is not a non-negative number")))
 }
 
 /// Parse a byte size with an optional K/M/G suffix (powers of 1024).
@@ -77,12 +79,14 @@ impl Config {
             c.nsocks = parse_num("OXCCL_NSOCKS", &v)? as usize;
         }
         if let Some(v) = env("OXCCL_BUFFSIZE") {
-            c.chunk_bytes = parse_bytes(&v)
-                .ok_or_else(|| Error::Config(format!("OXCCL_BUFFSIZE={v:?} is not a size (e.g. 1M)")))?;
+            c.chunk_bytes = parse_bytes(&v).ok_or_else(|| {
+                Error::Config(format!("OXCCL_BUFFSIZE={v:?} is not a size (e.g. 1M)"))
+            })?;
         }
         if let Some(v) = env("OXCCL_SOCKET_BUFFER") {
-            c.socket_buffer = parse_bytes(&v)
-                .ok_or_else(|| Error::Config(format!("OXCCL_SOCKET_BUFFER={v:?} is not a size (e.g. 4M)")))?;
+            c.socket_buffer = parse_bytes(&v).ok_or_else(|| {
+                Error::Config(format!("OXCCL_SOCKET_BUFFER={v:?} is not a size (e.g. 4M)"))
+            })?;
         }
         c.socket_ifname = env("OXCCL_SOCKET_IFNAME");
         c.transport = env("OXCCL_TRANSPORT").filter(|t| t != "auto");
@@ -93,7 +97,10 @@ impl Config {
     /// Check ranges; called by `from_env` and by communicator init.
     pub fn validate(&self) -> Result<()> {
         if !(1..=16).contains(&self.nsocks) {
-            return Err(Error::Config(format!("nsocks (OXCCL_NSOCKS) must be 1..=16, got {}", self.nsocks)));
+            return Err(Error::Config(format!(
+                "nsocks (OXCCL_NSOCKS) must be 1..=16, got {}",
+                self.nsocks
+            )));
         }
         if self.chunk_bytes < 4096 || self.chunk_bytes > (1 << 30) {
             return Err(Error::Config(format!(
@@ -125,9 +132,15 @@ mod tests {
 
     #[test]
     fn validation_rejects_out_of_range() {
-        let c = Config { nsocks: 0, ..Config::default() };
+        let c = Config {
+            nsocks: 0,
+            ..Config::default()
+        };
         assert!(matches!(c.validate(), Err(Error::Config(_))));
-        let c = Config { chunk_bytes: 10, ..Config::default() };
+        let c = Config {
+            chunk_bytes: 10,
+            ..Config::default()
+        };
         assert!(matches!(c.validate(), Err(Error::Config(_))));
         assert!(Config::default().validate().is_ok());
     }

@@ -54,7 +54,8 @@ impl RootSpec {
                     // The name may resolve to an address this host cannot
                     // bind (NAT, alias): listen on every interface instead.
                     let any = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
-                    UniqueId::serve(any, secret, init_timeout).map(|_| UniqueId::from_parts(addr, secret))
+                    UniqueId::serve(any, secret, init_timeout)
+                        .map(|_| UniqueId::from_parts(addr, secret))
                 })
             }
             RootSpec::Addr { addr, secret } => Ok(UniqueId::from_parts(addr, secret)),
@@ -63,7 +64,10 @@ impl RootSpec {
 }
 
 fn var(name: &str) -> Option<String> {
-    std::env::var(name).ok().map(|v| v.trim().to_string()).filter(|v| !v.is_empty())
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
 }
 
 fn num(name: &str) -> Result<Option<usize>> {
@@ -87,9 +91,19 @@ fn resolve(hostport: &str, what: &str) -> Result<SocketAddr> {
 /// Read the launcher variables.
 pub fn launch_env() -> Result<LaunchEnv> {
     const SOURCES: [(&str, &str, &str, &str); 5] = [
-        ("oxccl", "OXCCL_RANK", "OXCCL_WORLD_SIZE", "OXCCL_LOCAL_RANK"),
+        (
+            "oxccl",
+            "OXCCL_RANK",
+            "OXCCL_WORLD_SIZE",
+            "OXCCL_LOCAL_RANK",
+        ),
         ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
-        ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        (
+            "openmpi",
+            "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE",
+            "OMPI_COMM_WORLD_LOCAL_RANK",
+        ),
         ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
         ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
     ];
@@ -108,7 +122,9 @@ pub fn launch_env() -> Result<LaunchEnv> {
         ));
     };
     if nranks == 0 || rank >= nranks {
-        return Err(Error::Config(format!("{source}: rank {rank} is not in 0..{nranks}")));
+        return Err(Error::Config(format!(
+            "{source}: rank {rank} is not in 0..{nranks}"
+        )));
     }
     let root = if let Some(id) = var("OXCCL_UNIQUE_ID") {
         RootSpec::Id(id.parse()?)
@@ -117,8 +133,15 @@ pub fn launch_env() -> Result<LaunchEnv> {
             (resolve(&r, "OXCCL_ROOT")?, "OXCCL_ROOT")
         } else if let (Some(a), Some(p)) = (var("MASTER_ADDR"), num("MASTER_PORT")?) {
             // torchrun's agent store listens on MASTER_PORT itself.
-            let port = if var("TORCHELASTIC_RUN_ID").is_some() { p + 1 } else { p };
-            (resolve(&format!("{a}:{port}"), "MASTER_ADDR/MASTER_PORT")?, "MASTER_ADDR")
+            let port = if var("TORCHELASTIC_RUN_ID").is_some() {
+                p + 1
+            } else {
+                p
+            };
+            (
+                resolve(&format!("{a}:{port}"), "MASTER_ADDR/MASTER_PORT")?,
+                "MASTER_ADDR",
+            )
         } else {
             return Err(Error::Config(format!(
                 "{source} gave rank {rank} of {nranks} but no rendezvous: set OXCCL_UNIQUE_ID, or OXCCL_ROOT=host:port \
@@ -128,14 +151,25 @@ pub fn launch_env() -> Result<LaunchEnv> {
         let secret = match var("OXCCL_SECRET") {
             Some(s) => Secret::derive(&s),
             None => {
-                let job = ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMI_JOBID"]
-                    .iter()
-                    .find_map(|v| var(v))
-                    .unwrap_or_default();
+                let job = [
+                    "SLURM_JOB_ID",
+                    "TORCHELASTIC_RUN_ID",
+                    "OMPI_MCA_ess_base_jobid",
+                    "PMI_JOBID",
+                ]
+                .iter()
+                .find_map(|v| var(v))
+                .unwrap_or_default();
                 Secret::derive(&format!("{what}|{addr}|{nranks}|{job}"))
             }
         };
         RootSpec::Addr { addr, secret }
     };
-    Ok(LaunchEnv { rank, nranks, local_rank, source, root })
+    Ok(LaunchEnv {
+        rank,
+        nranks,
+        local_rank,
+        source,
+        root,
+    })
 }

@@ -44,10 +44,16 @@ pub struct BufSpec {
 
 impl BufSpec {
     pub fn read_only(s: &[u8]) -> BufSpec {
-        BufSpec { ptr: s.as_ptr() as *mut u8, bytes: s.len() }
+        BufSpec {
+            ptr: s.as_ptr() as *mut u8,
+            bytes: s.len(),
+        }
     }
     pub fn writable(s: &mut [u8]) -> BufSpec {
-        BufSpec { ptr: s.as_mut_ptr(), bytes: s.len() }
+        BufSpec {
+            ptr: s.as_mut_ptr(),
+            bytes: s.len(),
+        }
     }
 }
 
@@ -103,7 +109,10 @@ pub(crate) struct CallCtx<'a> {
 
 impl CallCtx<'_> {
     fn host(&self, rank: usize) -> String {
-        self.peers.get(rank).map(|p| p.hostname.clone()).unwrap_or_default()
+        self.peers
+            .get(rank)
+            .map(|p| p.hostname.clone())
+            .unwrap_or_default()
     }
 
     /// Turn a control-plane notice into this call's error.
@@ -131,9 +140,18 @@ impl CallCtx<'_> {
             if left.is_zero() {
                 break;
             }
-            poll_one(self.control.fd(), libc::POLLIN, left.as_millis().clamp(1, 100) as i32);
+            poll_one(
+                self.control.fd(),
+                libc::POLLIN,
+                left.as_millis().clamp(1, 100) as i32,
+            );
         }
-        Error::PeerLost { rank: peer, host: self.host(peer), during: self.during.clone(), detail }
+        Error::PeerLost {
+            rank: peer,
+            host: self.host(peer),
+            during: self.during.clone(),
+            detail,
+        }
     }
 
     fn seq_fp(&self, step: u32) -> (u64, Fingerprint) {
@@ -156,7 +174,14 @@ impl CallCtx<'_> {
     }
 
     /// Check a received header against what this rank expects.
-    fn check_header(&self, step: u32, peer: usize, h: &[u8; HEADER_LEN], msg: u32, len: usize) -> Result<()> {
+    fn check_header(
+        &self,
+        step: u32,
+        peer: usize,
+        h: &[u8; HEADER_LEN],
+        msg: u32,
+        len: usize,
+    ) -> Result<()> {
         let (my_seq, my_fp) = self.seq_fp(step);
         if &h[..4] != MAGIC {
             return Err(Error::Protocol(format!(
@@ -178,10 +203,17 @@ impl CallCtx<'_> {
         };
         let mine = describe(&my_fp, my_seq, my_fp.kind == Kind::P2p);
         let Some(fp) = fp else {
-            return Err(Error::Protocol(format!("rank {peer} sent an unreadable call fingerprint during {}", self.during)));
+            return Err(Error::Protocol(format!(
+                "rank {peer} sent an unreadable call fingerprint during {}",
+                self.during
+            )));
         };
         if seq != my_seq || !fp.agrees_with(&my_fp) || p2p != (my_fp.kind == Kind::P2p) {
-            return Err(Error::Mismatch { local: mine, peer, remote: describe(&fp, seq, p2p) });
+            return Err(Error::Mismatch {
+                local: mine,
+                peer,
+                remote: describe(&fp, seq, p2p),
+            });
         }
         if their_msg != msg || their_len != len as u64 {
             return Err(Error::Protocol(format!(
@@ -208,16 +240,34 @@ struct Chan {
 }
 
 /// Resolved memory of a span.
-fn mem(bufs: &[BufSpec], scratch: *mut u8, scratch_bytes: usize, sp: Span, es: usize) -> (*mut u8, usize) {
-    let (base, cap) = if sp.buf == SCRATCH { (scratch, scratch_bytes) } else { (bufs[sp.buf as usize].ptr, bufs[sp.buf as usize].bytes) };
+fn mem(
+    bufs: &[BufSpec],
+    scratch: *mut u8,
+    scratch_bytes: usize,
+    sp: Span,
+    es: usize,
+) -> (*mut u8, usize) {
+    let (base, cap) = if sp.buf == SCRATCH {
+        (scratch, scratch_bytes)
+    } else {
+        (bufs[sp.buf as usize].ptr, bufs[sp.buf as usize].bytes)
+    };
     let (off, len) = (sp.off * es, sp.len * es);
-    assert!(off + len <= cap, "schedule span {sp:?} exceeds its buffer of {cap} bytes");
+    assert!(
+        off + len <= cap,
+        "schedule span {sp:?} exceeds its buffer of {cap} bytes"
+    );
     // SAFETY: off + len <= cap keeps the pointer inside (or one past) the buffer.
     (unsafe { base.add(off) }, len)
 }
 
 /// Run `sched` with `bufs` indexed by [`BufId`] (INPUT and OUTPUT first).
-pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mut CallCtx<'_>) -> Result<()> {
+pub(crate) fn execute(
+    sched: &Schedule,
+    bufs: &[BufSpec],
+    net: &mut Net,
+    cx: &mut CallCtx<'_>,
+) -> Result<()> {
     let es = cx.dtype.size();
     let nsteps = sched.steps.len();
     if nsteps == 0 {
@@ -246,14 +296,28 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
                 continue;
             }
         };
-        let link = net.links.get(peer).and_then(|l| l.as_ref()).ok_or_else(|| {
-            Error::Protocol(format!("schedule of {} talks to rank {peer}, which has no link", cx.during))
-        })?;
-        let counter = if is_send { &mut sent[peer] } else { &mut recvd[peer] };
+        let link = net
+            .links
+            .get(peer)
+            .and_then(|l| l.as_ref())
+            .ok_or_else(|| {
+                Error::Protocol(format!(
+                    "schedule of {} talks to rank {peer}, which has no link",
+                    cx.during
+                ))
+            })?;
+        let counter = if is_send {
+            &mut sent[peer]
+        } else {
+            &mut recvd[peer]
+        };
         let msg = *counter;
         *counter += 1;
         let stream = msg as usize % link.streams().min(MAX_STREAMS);
-        let c = match chans.iter().position(|c| c.peer == peer && c.stream == stream) {
+        let c = match chans
+            .iter()
+            .position(|c| c.peer == peer && c.stream == stream)
+        {
             Some(c) => c,
             None => {
                 chans.push(Chan {
@@ -282,7 +346,12 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
 
     let mut done = vec![false; nsteps];
     let mut remaining = nsteps;
-    let ready = |done: &[bool], i: u32| sched.steps[i as usize].deps.iter().all(|d| done[*d as usize]);
+    let ready = |done: &[bool], i: u32| {
+        sched.steps[i as usize]
+            .deps
+            .iter()
+            .all(|d| done[*d as usize])
+    };
 
     loop {
         let mut progressed = false;
@@ -318,16 +387,17 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
             progressed = true;
         }
 
-        for c in 0..chans.len() {
+        for ch in chans.iter_mut() {
             // Sends, in order, as far as the socket takes them.
-            while chans[c].s_head < chans[c].sends.len() {
-                let i = chans[c].sends[chans[c].s_head];
+            while ch.s_head < ch.sends.len() {
+                let i = ch.sends[ch.s_head];
                 if !ready(&done, i) {
                     break;
                 }
-                let Action::Send { src, .. } = sched.steps[i as usize].action else { unreachable!() };
+                let Action::Send { src, .. } = sched.steps[i as usize].action else {
+                    unreachable!()
+                };
                 let (p, n) = mem(bufs, scratch, scratch_bytes, src, es);
-                let ch = &mut chans[c];
                 if ch.s_off == 0 {
                     ch.s_hdr = cx.header(i, msg_of[i as usize], n);
                 }
@@ -337,9 +407,15 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
                 let r = {
                     let link = net.links[ch.peer].as_mut().unwrap();
                     if ch.s_off < HEADER_LEN {
-                        link.write(ch.stream, &[IoSlice::new(&ch.s_hdr[ch.s_off..]), IoSlice::new(payload)])
+                        link.write(
+                            ch.stream,
+                            &[IoSlice::new(&ch.s_hdr[ch.s_off..]), IoSlice::new(payload)],
+                        )
                     } else {
-                        link.write(ch.stream, &[IoSlice::new(&payload[ch.s_off - HEADER_LEN..])])
+                        link.write(
+                            ch.stream,
+                            &[IoSlice::new(&payload[ch.s_off - HEADER_LEN..])],
+                        )
                     }
                 };
                 match r {
@@ -364,8 +440,8 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
                 }
             }
             // Receives, in order.
-            while chans[c].r_head < chans[c].recvs.len() {
-                let i = chans[c].recvs[chans[c].r_head];
+            while ch.r_head < ch.recvs.len() {
+                let i = ch.recvs[ch.r_head];
                 if !ready(&done, i) {
                     break;
                 }
@@ -375,7 +451,6 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
                     _ => unreachable!(),
                 };
                 let (dptr, n) = mem(bufs, scratch, scratch_bytes, dst, es);
-                let ch = &mut chans[c];
                 // Reductions land in a staging slot first; plain receives go
                 // straight into the destination.
                 let target = if reduce_with.is_some() {
@@ -394,15 +469,27 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
                     let link = net.links[ch.peer].as_mut().unwrap();
                     if ch.r_off < HEADER_LEN {
                         let (h, _) = ch.r_hdr.split_at_mut(HEADER_LEN);
-                        link.read(ch.stream, &mut [IoSliceMut::new(&mut h[ch.r_off..]), IoSliceMut::new(payload)])
+                        link.read(
+                            ch.stream,
+                            &mut [
+                                IoSliceMut::new(&mut h[ch.r_off..]),
+                                IoSliceMut::new(payload),
+                            ],
+                        )
                     } else {
-                        link.read(ch.stream, &mut [IoSliceMut::new(&mut payload[ch.r_off - HEADER_LEN..])])
+                        link.read(
+                            ch.stream,
+                            &mut [IoSliceMut::new(&mut payload[ch.r_off - HEADER_LEN..])],
+                        )
                     }
                 };
                 match r {
                     Ok(0) if HEADER_LEN + n > ch.r_off => {
                         let peer = ch.peer;
-                        return Err(cx.lost(peer, "its connection closed (process exited or was killed)".into()));
+                        return Err(cx.lost(
+                            peer,
+                            "its connection closed (process exited or was killed)".into(),
+                        ));
                     }
                     Ok(k) => {
                         let before = ch.r_off;
@@ -410,11 +497,8 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
                         progressed |= k > 0;
                         if before < HEADER_LEN && ch.r_off >= HEADER_LEN {
                             let (peer, hdr) = (ch.peer, ch.r_hdr);
-                            if let Err(e) = cx.check_header(i, peer, &hdr, msg_of[i as usize], n) {
-                                return Err(e);
-                            }
+                            cx.check_header(i, peer, &hdr, msg_of[i as usize], n)?
                         }
-                        let ch = &mut chans[c];
                         if ch.r_off == HEADER_LEN + n {
                             ch.r_off = 0;
                             ch.r_head += 1;
@@ -448,7 +532,14 @@ pub(crate) fn execute(sched: &Schedule, bufs: &[BufSpec], net: &mut Net, cx: &mu
 }
 
 /// `dst = with op staged` (or `dst op= staged` when `dst` is `with`).
-fn reduce_into(dtype: DataType, op: kernels::Op, dst: *mut u8, with: *mut u8, staged: *mut u8, n: usize) {
+fn reduce_into(
+    dtype: DataType,
+    op: kernels::Op,
+    dst: *mut u8,
+    with: *mut u8,
+    staged: *mut u8,
+    n: usize,
+) {
     with_dtype!(dtype, T => {
         let len = n / std::mem::size_of::<T>();
         // SAFETY: all three regions hold `n` bytes aligned for T; the staging
@@ -467,8 +558,19 @@ fn reduce_into(dtype: DataType, op: kernels::Op, dst: *mut u8, with: *mut u8, st
 }
 
 /// Sleep until a needed fd is ready, a notice arrives, abort, or deadline.
-fn wait(chans: &[Chan], done: &[bool], sched: &Schedule, net: &mut Net, cx: &mut CallCtx<'_>) -> Result<()> {
-    let ready = |i: u32| sched.steps[i as usize].deps.iter().all(|d| done[*d as usize]);
+fn wait(
+    chans: &[Chan],
+    done: &[bool],
+    sched: &Schedule,
+    net: &mut Net,
+    cx: &mut CallCtx<'_>,
+) -> Result<()> {
+    let ready = |i: u32| {
+        sched.steps[i as usize]
+            .deps
+            .iter()
+            .all(|d| done[*d as usize])
+    };
     net.pollfds.clear();
     net.pollmap.clear();
     let mut waiting_for = Vec::new();
@@ -477,33 +579,61 @@ fn wait(chans: &[Chan], done: &[bool], sched: &Schedule, net: &mut Net, cx: &mut
         let mut events = 0;
         if c.s_head < c.sends.len() && ready(c.sends[c.s_head]) {
             events |= libc::POLLOUT;
-            waiting_for.push(format!("rank {} to take data (stream {})", c.peer, c.stream));
+            waiting_for.push(format!(
+                "rank {} to take data (stream {})",
+                c.peer, c.stream
+            ));
         }
         if c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]) {
             events |= libc::POLLIN;
             waiting_for.push(format!("data from rank {} (stream {})", c.peer, c.stream));
         }
         if events != 0 {
-            net.pollfds.push(libc::pollfd { fd: link.fd(c.stream), events, revents: 0 });
+            net.pollfds.push(libc::pollfd {
+                fd: link.fd(c.stream),
+                events,
+                revents: 0,
+            });
             net.pollmap.push(ci);
         }
     }
     if net.pollfds.is_empty() {
-        return Err(Error::Protocol(format!("schedule of {} cannot make progress (internal error)", cx.during)));
+        return Err(Error::Protocol(format!(
+            "schedule of {} cannot make progress (internal error)",
+            cx.during
+        )));
     }
-    net.pollfds.push(libc::pollfd { fd: cx.control.fd(), events: libc::POLLIN, revents: 0 });
-    net.pollfds.push(libc::pollfd { fd: cx.abort_fd, events: libc::POLLIN, revents: 0 });
+    net.pollfds.push(libc::pollfd {
+        fd: cx.control.fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    });
+    net.pollfds.push(libc::pollfd {
+        fd: cx.abort_fd,
+        events: libc::POLLIN,
+        revents: 0,
+    });
     loop {
         if cx.aborted.load(Ordering::Acquire) {
             return Err(Error::Aborted { by: None });
         }
         let left = cx.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout { during: cx.during.clone(), waiting_for: waiting_for.join(", "), after: cx.timeout });
+            return Err(Error::Timeout {
+                during: cx.during.clone(),
+                waiting_for: waiting_for.join(", "),
+                after: cx.timeout,
+            });
         }
         let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: pollfds is a valid array of initialised pollfd for the call.
-        let r = unsafe { libc::poll(net.pollfds.as_mut_ptr(), net.pollfds.len() as libc::nfds_t, ms) };
+        let r = unsafe {
+            libc::poll(
+                net.pollfds.as_mut_ptr(),
+                net.pollfds.len() as libc::nfds_t,
+                ms,
+            )
+        };
         if r < 0 {
             continue; // EINTR
         }
@@ -533,23 +663,45 @@ pub(crate) fn notice_to_error(n: Notice, peers: &[PeerInfo], during: &str) -> Er
     match n {
         Notice::Lost { rank, detail } => Error::PeerLost {
             rank,
-            host: peers.get(rank).map(|p| p.hostname.clone()).unwrap_or_default(),
+            host: peers
+                .get(rank)
+                .map(|p| p.hostname.clone())
+                .unwrap_or_default(),
             during: during.to_string(),
             detail,
         },
-        Notice::Failed { origin, aborted: true, .. } => Error::Aborted { by: Some(origin) },
-        Notice::Failed { origin, message, .. } => Error::Remote { rank: origin, message },
+        Notice::Failed {
+            origin,
+            aborted: true,
+            ..
+        } => Error::Aborted { by: Some(origin) },
+        Notice::Failed {
+            origin, message, ..
+        } => Error::Remote {
+            rank: origin,
+            message,
+        },
     }
 }
 
 /// Map an own error to what the others should hear (None: not ours to tell).
 pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
     match e {
-        Error::PeerLost { rank, detail, .. } => Some(Notice::Lost { rank: *rank, detail: detail.clone() }),
-        Error::Aborted { by: None } => Some(Notice::Failed { origin: rank, aborted: true, message: "abort()".into() }),
+        Error::PeerLost { rank, detail, .. } => Some(Notice::Lost {
+            rank: *rank,
+            detail: detail.clone(),
+        }),
+        Error::Aborted { by: None } => Some(Notice::Failed {
+            origin: rank,
+            aborted: true,
+            message: "abort()".into(),
+        }),
         Error::Aborted { by: Some(_) } | Error::Remote { .. } => None,
         Error::InvalidArgument(_) => None,
-        other => Some(Notice::Failed { origin: rank, aborted: false, message: other.to_string() }),
+        other => Some(Notice::Failed {
+            origin: rank,
+            aborted: false,
+            message: other.to_string(),
+        }),
     }
 }
-

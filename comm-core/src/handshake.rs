@@ -34,7 +34,8 @@ impl Secret {
     /// A fresh random secret from the OS.
     pub fn random() -> Result<Secret> {
         let mut b = [0u8; 16];
-        getrandom::fill(&mut b).map_err(|e| Error::Bootstrap(format!("no OS randomness for the job secret: {e}")))?;
+        getrandom::fill(&mut b)
+            .map_err(|e| Error::Bootstrap(format!("no OS randomness for the job secret: {e}")))?;
         Ok(Secret(b))
     }
 
@@ -99,10 +100,26 @@ pub struct Hello {
 
 impl Hello {
     /// A hello with a fresh nonce.
-    pub fn new(purpose: Purpose, comm_id: u64, from: usize, to: u32, nranks: usize, stream: usize) -> Result<Hello> {
+    pub fn new(
+        purpose: Purpose,
+        comm_id: u64,
+        from: usize,
+        to: u32,
+        nranks: usize,
+        stream: usize,
+    ) -> Result<Hello> {
         let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| Error::Handshake(format!("no OS randomness: {e}")))?;
-        Ok(Hello { purpose, comm_id, from: from as u32, to, nranks: nranks as u32, stream: stream as u32, nonce })
+        getrandom::fill(&mut nonce)
+            .map_err(|e| Error::Handshake(format!("no OS randomness: {e}")))?;
+        Ok(Hello {
+            purpose,
+            comm_id,
+            from: from as u32,
+            to,
+            nranks: nranks as u32,
+            stream: stream as u32,
+            nonce,
+        })
     }
 
     /// Wire form, exactly [`HELLO_LEN`] bytes.
@@ -161,17 +178,22 @@ pub fn client(s: &mut (impl Read + Write), secret: &Secret, hello: &Hello) -> Re
     let hb = hello.encode();
     s.write_all(&hb).map_err(|e| io_err("sending hello", e))?;
     let mut ch = [0u8; 48];
-    s.read_exact(&mut ch).map_err(|e| io_err("reading challenge (wrong secret or communicator?)", e))?;
+    s.read_exact(&mut ch)
+        .map_err(|e| io_err("reading challenge (wrong secret or communicator?)", e))?;
     if &ch[..8] != CHALLENGE_MAGIC {
         return Err(Error::Handshake("server sent a malformed challenge".into()));
     }
     let server_nonce = &ch[8..24];
     if secret.mac(&[b"srv", &hb, server_nonce]) != ch[24..40] {
-        return Err(Error::Handshake("server failed to prove the job secret".into()));
+        return Err(Error::Handshake(
+            "server failed to prove the job secret".into(),
+        ));
     }
-    s.write_all(&secret.mac(&[b"cli", &hb, server_nonce])).map_err(|e| io_err("sending proof", e))?;
+    s.write_all(&secret.mac(&[b"cli", &hb, server_nonce]))
+        .map_err(|e| io_err("sending proof", e))?;
     let mut ok = [0u8; 8];
-    s.read_exact(&mut ok).map_err(|e| io_err("awaiting accept (rejected by the server?)", e))?;
+    s.read_exact(&mut ok)
+        .map_err(|e| io_err("awaiting accept (rejected by the server?)", e))?;
     if &ok != ACCEPT {
         return Err(Error::Handshake("server did not accept".into()));
     }
@@ -186,26 +208,31 @@ pub fn server(
     check: impl FnOnce(&Hello) -> Result<()>,
 ) -> Result<Hello> {
     let mut hb = [0u8; HELLO_LEN];
-    s.read_exact(&mut hb).map_err(|e| io_err("reading hello", e))?;
+    s.read_exact(&mut hb)
+        .map_err(|e| io_err("reading hello", e))?;
     let hello = Hello::decode(&hb)?;
     check(&hello)?;
     let mut server_nonce = [0u8; 16];
-    getrandom::fill(&mut server_nonce).map_err(|e| Error::Handshake(format!("no OS randomness: {e}")))?;
+    getrandom::fill(&mut server_nonce)
+        .map_err(|e| Error::Handshake(format!("no OS randomness: {e}")))?;
     let mut ch = Vec::with_capacity(48);
     ch.extend_from_slice(CHALLENGE_MAGIC);
     ch.extend_from_slice(&server_nonce);
     ch.extend_from_slice(&secret.mac(&[b"srv", &hb, &server_nonce]));
     ch.resize(48, 0);
-    s.write_all(&ch).map_err(|e| io_err("sending challenge", e))?;
+    s.write_all(&ch)
+        .map_err(|e| io_err("sending challenge", e))?;
     let mut proof = [0u8; 16];
-    s.read_exact(&mut proof).map_err(|e| io_err("reading proof", e))?;
+    s.read_exact(&mut proof)
+        .map_err(|e| io_err("reading proof", e))?;
     if secret.mac(&[b"cli", &hb, &server_nonce]) != proof {
         return Err(Error::Handshake(format!(
             "rank {} did not prove the job secret (a different job, or a stranger)",
             hello.from
         )));
     }
-    s.write_all(ACCEPT).map_err(|e| io_err("sending accept", e))?;
+    s.write_all(ACCEPT)
+        .map_err(|e| io_err("sending accept", e))?;
     Ok(hello)
 }
 
@@ -226,9 +253,15 @@ mod tests {
         let secret = Secret::random().unwrap();
         let (mut c, mut s) = pair();
         let h = Hello::new(Purpose::Tcp, 7, 1, 0, 2, 0).unwrap();
-        let t = std::thread::spawn(move || server(&mut s, &secret, |h| {
-            if h.comm_id == 7 { Ok(()) } else { Err(Error::Handshake("id".into())) }
-        }));
+        let t = std::thread::spawn(move || {
+            server(&mut s, &secret, |h| {
+                if h.comm_id == 7 {
+                    Ok(())
+                } else {
+                    Err(Error::Handshake("id".into()))
+                }
+            })
+        });
         client(&mut c, &secret, &h).unwrap();
         assert_eq!(t.join().unwrap().unwrap(), h);
     }

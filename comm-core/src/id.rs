@@ -37,9 +37,14 @@ impl UniqueId {
     /// Start a root listening on `addr` (port 0: any) with `secret`; ranks
     /// must register within `init_timeout`.
     pub fn serve(addr: SocketAddr, secret: Secret, init_timeout: Duration) -> Result<UniqueId> {
-        let l = TcpListener::bind(addr)
-            .map_err(|e| Error::Bootstrap(format!("cannot listen on {addr} for the rendezvous root: {e}")))?;
-        let root = l.local_addr().map_err(|e| Error::Bootstrap(e.to_string()))?;
+        let l = TcpListener::bind(addr).map_err(|e| {
+            Error::Bootstrap(format!(
+                "cannot listen on {addr} for the rendezvous root: {e}"
+            ))
+        })?;
+        let root = l
+            .local_addr()
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
         bootstrap::spawn_root(l, secret, init_timeout)?;
         Ok(UniqueId { root, secret })
     }
@@ -86,8 +91,16 @@ impl FromStr for UniqueId {
 
     /// Parse `oxccl1:<32 hex digits>@<ip>:<port>` (IPv6 as `[addr]:port`).
     fn from_str(s: &str) -> Result<UniqueId> {
-        let bad = |m: &str| Error::invalid(format!("unique id {:?}: {m}", s.chars().take(80).collect::<String>()));
-        let rest = s.trim().strip_prefix(PREFIX).ok_or_else(|| bad("does not start with oxccl1:"))?;
+        let bad = |m: &str| {
+            Error::invalid(format!(
+                "unique id {:?}: {m}",
+                s.chars().take(80).collect::<String>()
+            ))
+        };
+        let rest = s
+            .trim()
+            .strip_prefix(PREFIX)
+            .ok_or_else(|| bad("does not start with oxccl1:"))?;
         let (hex, addr) = rest.split_once('@').ok_or_else(|| bad("missing '@'"))?;
         if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(bad("secret must be 32 hex digits"));
@@ -96,11 +109,16 @@ impl FromStr for UniqueId {
         for (i, b) in secret.iter_mut().enumerate() {
             *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad("bad hex"))?;
         }
-        let root: SocketAddr = addr.parse().map_err(|_| bad("root address must be ip:port"))?;
+        let root: SocketAddr = addr
+            .parse()
+            .map_err(|_| bad("root address must be ip:port"))?;
         if root.port() == 0 {
             return Err(bad("root port 0"));
         }
-        Ok(UniqueId { root, secret: Secret(secret) })
+        Ok(UniqueId {
+            root,
+            secret: Secret(secret),
+        })
     }
 }
 
@@ -120,9 +138,19 @@ mod tests {
 
     #[test]
     fn bad_text_is_an_error() {
-        for s in ["", "oxccl1:", "oxccl1:zz@1.2.3.4:5", "nccl:00@1.2.3.4:5", &format!("oxccl1:{}@nowhere", "0".repeat(32)),
-                  &format!("oxccl1:{}@1.2.3.4:0", "0".repeat(32)), "oxccl1:é@"] {
-            assert!(matches!(s.parse::<UniqueId>(), Err(Error::InvalidArgument(_))), "{s}");
+        for s in [
+            "",
+            "oxccl1:",
+            "oxccl1:zz@1.2.3.4:5",
+            "nccl:00@1.2.3.4:5",
+            &format!("oxccl1:{}@nowhere", "0".repeat(32)),
+            &format!("oxccl1:{}@1.2.3.4:0", "0".repeat(32)),
+            "oxccl1:é@",
+        ] {
+            assert!(
+                matches!(s.parse::<UniqueId>(), Err(Error::InvalidArgument(_))),
+                "{s}"
+            );
         }
     }
 }

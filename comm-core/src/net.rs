@@ -31,7 +31,9 @@ pub fn interfaces() -> Vec<Interface> {
             continue;
         }
         // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
         // SAFETY: ifa_addr is non-null and its family says which sockaddr it is.
         let addr = unsafe {
             match (*ifa.ifa_addr).sa_family as i32 {
@@ -60,10 +62,13 @@ pub fn interfaces() -> Vec<Interface> {
 }
 
 fn matches(spec: &str, name: &str) -> bool {
-    spec.split(',').map(str::trim).filter(|s| !s.is_empty()).any(|s| match s.strip_prefix('=') {
-        Some(exact) => name == exact,
-        None => name.starts_with(s),
-    })
+    spec.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .any(|s| match s.strip_prefix('=') {
+            Some(exact) => name == exact,
+            None => name.starts_with(s),
+        })
 }
 
 /// Pick the address to bind, given `OXCCL_SOCKET_IFNAME`'s value.
@@ -82,7 +87,9 @@ pub fn pick_from(all: &[Interface], ifname: Option<&str>) -> Result<IpAddr> {
                 Some(rest) => (true, rest),
                 None => (false, spec),
             };
-            sorted.into_iter().find(|i| matches(spec, &i.name) != exclude)
+            sorted
+                .into_iter()
+                .find(|i| matches(spec, &i.name) != exclude)
         }
         None => sorted
             .iter()
@@ -105,24 +112,48 @@ mod tests {
 
     fn list() -> Vec<Interface> {
         vec![
-            Interface { name: "lo".into(), addr: "127.0.0.1".parse().unwrap() },
-            Interface { name: "docker0".into(), addr: "172.17.0.1".parse().unwrap() },
-            Interface { name: "eth0".into(), addr: "10.0.0.5".parse().unwrap() },
+            Interface {
+                name: "lo".into(),
+                addr: "127.0.0.1".parse().unwrap(),
+            },
+            Interface {
+                name: "docker0".into(),
+                addr: "172.17.0.1".parse().unwrap(),
+            },
+            Interface {
+                name: "eth0".into(),
+                addr: "10.0.0.5".parse().unwrap(),
+            },
         ]
     }
 
     #[test]
     fn default_prefers_non_loopback() {
         assert_eq!(pick_from(&list(), None).unwrap().to_string(), "172.17.0.1");
-        assert_eq!(pick_from(&list()[..1], None).unwrap().to_string(), "127.0.0.1");
+        assert_eq!(
+            pick_from(&list()[..1], None).unwrap().to_string(),
+            "127.0.0.1"
+        );
     }
 
     #[test]
     fn prefix_exclude_and_exact() {
-        assert_eq!(pick_from(&list(), Some("eth")).unwrap().to_string(), "10.0.0.5");
-        assert_eq!(pick_from(&list(), Some("^docker,lo")).unwrap().to_string(), "10.0.0.5");
-        assert_eq!(pick_from(&list(), Some("=lo")).unwrap().to_string(), "127.0.0.1");
-        assert!(matches!(pick_from(&list(), Some("ib")), Err(Error::Config(_))));
+        assert_eq!(
+            pick_from(&list(), Some("eth")).unwrap().to_string(),
+            "10.0.0.5"
+        );
+        assert_eq!(
+            pick_from(&list(), Some("^docker,lo")).unwrap().to_string(),
+            "10.0.0.5"
+        );
+        assert_eq!(
+            pick_from(&list(), Some("=lo")).unwrap().to_string(),
+            "127.0.0.1"
+        );
+        assert!(matches!(
+            pick_from(&list(), Some("ib")),
+            Err(Error::Config(_))
+        ));
     }
 
     #[test]

@@ -96,6 +96,9 @@ pub struct Transports {
 impl Transports {
     /// A set with one transport used for every peer.
     pub fn single(t: Arc<dyn Transport>) -> Transports {
-        Transports { list: vec![t], choose: Arc::new(|_, _, _| Ok(0)) }
+        Transports {
+            list: vec![t],
+            choose: Arc::new(|_, _, _| Ok(0)),
+        }
     }
 }

@@ -46,7 +46,10 @@ impl DataType {
 
     /// Whether the type is a floating-point type.
     pub const fn is_float(self) -> bool {
-        matches!(self, DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64)
+        matches!(
+            self,
+            DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64
+        )
     }
 
     /// Decode the one-byte wire code.
@@ -73,14 +76,17 @@ impl DataType {
     /// Parse a name: the Rust one (`f32`) or the nccl-tests one (`float`).
     pub fn parse(s: &str) -> Option<DataType> {
         let s = s.to_ascii_lowercase();
-        DataType::ALL.into_iter().find(|d| d.nccl_name() == s || d.to_string() == s).or(match s.as_str() {
-            "char" => Some(DataType::I8),
-            "int" => Some(DataType::I32),
-            "float16" | "fp16" => Some(DataType::F16),
-            "float32" | "fp32" => Some(DataType::F32),
-            "float64" => Some(DataType::F64),
-            _ => None,
-        })
+        DataType::ALL
+            .into_iter()
+            .find(|d| d.nccl_name() == s || d.to_string() == s)
+            .or(match s.as_str() {
+                "char" => Some(DataType::I8),
+                "int" => Some(DataType::I32),
+                "float16" | "fp16" => Some(DataType::F16),
+                "float32" | "fp32" => Some(DataType::F32),
+                "float64" => Some(DataType::F64),
+                _ => None,
+            })
     }
 }
 
@@ -115,7 +121,13 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every operator, in wire-code order.
-    pub const ALL: [ReduceOp; 5] = [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Min, ReduceOp::Max, ReduceOp::Avg];
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::Avg,
+    ];
 
     /// The kernel operator that combines two contributions.
     pub const fn kernel_op(self) -> kernels::Op {
@@ -134,7 +146,9 @@ impl ReduceOp {
 
     /// Parse `sum`, `prod`, `min`, `max`, `avg`.
     pub fn parse(s: &str) -> Option<ReduceOp> {
-        ReduceOp::ALL.into_iter().find(|o| o.to_string().eq_ignore_ascii_case(s))
+        ReduceOp::ALL
+            .into_iter()
+            .find(|o| o.to_string().eq_ignore_ascii_case(s))
     }
 }
 
@@ -183,16 +197,46 @@ pub fn as_bytes_mut<T: Element>(s: &mut [T]) -> &mut [u8] {
 macro_rules! with_dtype {
     ($dt:expr, $T:ident => $body:expr) => {
         match $dt {
-            $crate::DataType::I8 => { type $T = i8; $body }
-            $crate::DataType::U8 => { type $T = u8; $body }
-            $crate::DataType::I32 => { type $T = i32; $body }
-            $crate::DataType::U32 => { type $T = u32; $body }
-            $crate::DataType::I64 => { type $T = i64; $body }
-            $crate::DataType::U64 => { type $T = u64; $body }
-            $crate::DataType::F16 => { type $T = $crate::f16; $body }
-            $crate::DataType::Bf16 => { type $T = $crate::bf16; $body }
-            $crate::DataType::F32 => { type $T = f32; $body }
-            $crate::DataType::F64 => { type $T = f64; $body }
+            $crate::DataType::I8 => {
+                type $T = i8;
+                $body
+            }
+            $crate::DataType::U8 => {
+                type $T = u8;
+                $body
+            }
+            $crate::DataType::I32 => {
+                type $T = i32;
+                $body
+            }
+            $crate::DataType::U32 => {
+                type $T = u32;
+                $body
+            }
+            $crate::DataType::I64 => {
+                type $T = i64;
+                $body
+            }
+            $crate::DataType::U64 => {
+                type $T = u64;
+                $body
+            }
+            $crate::DataType::F16 => {
+                type $T = $crate::f16;
+                $body
+            }
+            $crate::DataType::Bf16 => {
+                type $T = $crate::bf16;
+                $body
+            }
+            $crate::DataType::F32 => {
+                type $T = f32;
+                $body
+            }
+            $crate::DataType::F64 => {
+                type $T = f64;
+                $body
+            }
         }
     };
 }

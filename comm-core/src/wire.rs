@@ -61,17 +61,24 @@ impl<'a> Reader<'a> {
     pub fn string(&mut self, max: usize) -> Result<String> {
         let n = self.u16()? as usize;
         if n > max {
-            return Err(Error::Protocol(format!("{}: string of {n} bytes exceeds limit {max}", self.what)));
+            return Err(Error::Protocol(format!(
+                "{}: string of {n} bytes exceeds limit {max}",
+                self.what
+            )));
         }
         let b = self.bytes(n)?;
-        String::from_utf8(b.to_vec()).map_err(|_| Error::Protocol(format!("{}: string is not UTF-8", self.what)))
+        String::from_utf8(b.to_vec())
+            .map_err(|_| Error::Protocol(format!("{}: string is not UTF-8", self.what)))
     }
 
     /// A u16-length-prefixed byte blob of at most `max` bytes.
     pub fn blob(&mut self, max: usize) -> Result<&'a [u8]> {
         let n = self.u16()? as usize;
         if n > max {
-            return Err(Error::Protocol(format!("{}: blob of {n} bytes exceeds limit {max}", self.what)));
+            return Err(Error::Protocol(format!(
+                "{}: blob of {n} bytes exceeds limit {max}",
+                self.what
+            )));
         }
         self.bytes(n)
     }
@@ -149,10 +156,13 @@ pub fn read_frame(r: &mut impl Read, max: usize) -> Result<Option<Vec<u8>>> {
     }
     let n = u32::from_le_bytes(len) as usize;
     if n > max {
-        return Err(Error::Protocol(format!("frame of {n} bytes exceeds limit {max}")));
+        return Err(Error::Protocol(format!(
+            "frame of {n} bytes exceeds limit {max}"
+        )));
     }
     let mut buf = vec![0u8; n];
-    r.read_exact(&mut buf).map_err(|e| Error::Protocol(format!("reading frame body: {e}")))?;
+    r.read_exact(&mut buf)
+        .map_err(|e| Error::Protocol(format!("reading frame body: {e}")))?;
     Ok(Some(buf))
 }
 

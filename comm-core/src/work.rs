@@ -15,7 +15,10 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn submit<R: Send + 'static>(&self, f: impl FnOnce() -> Result<R> + Send + 'static) -> Work<R> {
+    pub(crate) fn submit<R: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> Result<R> + Send + 'static,
+    ) -> Work<R> {
         let (rtx, rrx) = bounded(1);
         let job: Job = Box::new(move || {
             let _ = rtx.send(f());
@@ -23,20 +26,30 @@ impl Worker {
         let mut tx = self.tx.lock().unwrap();
         if tx.is_none() {
             let (jtx, jrx) = unbounded::<Job>();
-            let spawned = std::thread::Builder::new().name("oxccl-worker".into()).spawn(move || {
-                for job in jrx {
-                    job();
-                }
-            });
+            let spawned = std::thread::Builder::new()
+                .name("oxccl-worker".into())
+                .spawn(move || {
+                    for job in jrx {
+                        job();
+                    }
+                });
             if let Err(e) = spawned {
                 let (etx, erx) = bounded(1);
-                let _ = etx.send(Err(Error::Config(format!("cannot start the worker thread: {e}"))));
-                return Work { rx: erx, result: Mutex::new(None) };
+                let _ = etx.send(Err(Error::Config(format!(
+                    "cannot start the worker thread: {e}"
+                ))));
+                return Work {
+                    rx: erx,
+                    result: Mutex::new(None),
+                };
             }
             *tx = Some(jtx);
         }
         let _ = tx.as_ref().unwrap().send(job);
-        Work { rx: rrx, result: Mutex::new(None) }
+        Work {
+            rx: rrx,
+            result: Mutex::new(None),
+        }
     }
 }
 

@@ -20,7 +20,9 @@ fn label(bytes: usize) -> String {
 
 fn bench_sum<T: Scalar>(c: &mut Criterion, name: &str, one: T) {
     let mut g = c.benchmark_group(format!("sum_{name}"));
-    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(300)).sample_size(10);
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300))
+        .sample_size(10);
     for bytes in SIZES {
         let n = bytes / std::mem::size_of::<T>();
         let src = vec![one; n];
@@ -35,7 +37,9 @@ fn bench_sum<T: Scalar>(c: &mut Criterion, name: &str, one: T) {
 
 fn bench_memcpy(c: &mut Criterion) {
     let mut g = c.benchmark_group("memcpy");
-    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_millis(300)).sample_size(10);
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300))
+        .sample_size(10);
     for bytes in SIZES {
         let src = vec![1u8; bytes];
         let mut dst = vec![0u8; bytes];

@@ -264,7 +264,12 @@ mod tests {
                 if x.is_nan() {
                     assert!(ours.is_nan());
                 } else {
-                    assert_eq!(ours.to_bits(), theirs.to_bits(), "x = {x:e} ({:#x})", x.to_bits());
+                    assert_eq!(
+                        ours.to_bits(),
+                        theirs.to_bits(),
+                        "x = {x:e} ({:#x})",
+                        x.to_bits()
+                    );
                 }
                 checked += 1;
             }
@@ -274,9 +279,10 @@ mod tests {
 
     #[test]
     fn f16_conversions_match_half_crate_on_every_isa() {
-        let src: Vec<f32> = (0..=u16::MAX).map(|b| f16::from_bits(b).to_f32()).chain(
-            (0..70_000u32).map(|i| f32::from_bits(0x3000_0000u32.wrapping_add(i * 9973))),
-        ).collect();
+        let src: Vec<f32> = (0..=u16::MAX)
+            .map(|b| f16::from_bits(b).to_f32())
+            .chain((0..70_000u32).map(|i| f32::from_bits(0x3000_0000u32.wrapping_add(i * 9973))))
+            .collect();
         for isa in Isa::available() {
             let mut h = vec![f16::ZERO; src.len()];
             f16::narrow(isa, &src, &mut h);

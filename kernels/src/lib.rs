@@ -103,7 +103,9 @@ mod sealed {
 
 /// A Rust type the kernels can reduce. Implemented for `i8 u8 i32 u32 i64
 /// u64 f16 bf16 f32 f64`; sealed.
-pub trait Scalar: Copy + Send + Sync + PartialEq + Debug + Default + 'static + sealed::Sealed {
+pub trait Scalar:
+    Copy + Send + Sync + PartialEq + Debug + Default + 'static + sealed::Sealed
+{
     /// `dst = a op b` with the given ISA. Lengths are checked by the caller.
     #[doc(hidden)]
     fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]);
@@ -133,7 +135,10 @@ pub fn reduce<T: Scalar>(op: Op, dst: &mut [T], a: &[T], b: &[T]) {
 pub fn reduce_with<T: Scalar>(isa: Isa, op: Op, dst: &mut [T], a: &[T], b: &[T]) {
     check_len("operand a", dst.len(), a.len());
     check_len("operand b", dst.len(), b.len());
-    assert!(isa.is_supported(), "kernels: {isa:?} not supported by this CPU");
+    assert!(
+        isa.is_supported(),
+        "kernels: {isa:?} not supported by this CPU"
+    );
     T::k_binary(isa, op, dst, a, b)
 }
 
@@ -145,7 +150,10 @@ pub fn reduce_assign<T: Scalar>(op: Op, dst: &mut [T], src: &[T]) {
 /// [`reduce_assign`] with an explicit ISA.
 pub fn reduce_assign_with<T: Scalar>(isa: Isa, op: Op, dst: &mut [T], src: &[T]) {
     check_len("source", dst.len(), src.len());
-    assert!(isa.is_supported(), "kernels: {isa:?} not supported by this CPU");
+    assert!(
+        isa.is_supported(),
+        "kernels: {isa:?} not supported by this CPU"
+    );
     T::k_assign(isa, op, dst, src)
 }
 
@@ -158,11 +166,17 @@ pub fn reduce_n<T: Scalar>(op: Op, dst: &mut [T], srcs: &[&[T]]) {
 
 /// [`reduce_n`] with an explicit ISA.
 pub fn reduce_n_with<T: Scalar>(isa: Isa, op: Op, dst: &mut [T], srcs: &[&[T]]) {
-    assert!(!srcs.is_empty(), "kernels: reduce_n needs at least one source");
+    assert!(
+        !srcs.is_empty(),
+        "kernels: reduce_n needs at least one source"
+    );
     for s in srcs {
         check_len("a source", dst.len(), s.len());
     }
-    assert!(isa.is_supported(), "kernels: {isa:?} not supported by this CPU");
+    assert!(
+        isa.is_supported(),
+        "kernels: {isa:?} not supported by this CPU"
+    );
     T::k_nway(isa, op, dst, srcs)
 }
 

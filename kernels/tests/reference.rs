@@ -1,7 +1,9 @@
 //! Every dtype x op x ISA against an independent scalar reference, with
 //! NaN, infinities, signed zeros and integer overflow in the data.
 
-use kernels::{bf16, div_assign, f16, reduce_assign_with, reduce_n_with, reduce_with, Isa, Op, Scalar};
+use kernels::{
+    bf16, div_assign, f16, reduce_assign_with, reduce_n_with, reduce_with, Isa, Op, Scalar,
+};
 
 /// A deterministic generator (xorshift) so failures reproduce.
 struct Rng(u64);
@@ -77,21 +79,33 @@ fn special(r: &mut Rng) -> Option<f64> {
 
 impl Ref for f32 {
     fn gen(r: &mut Rng) -> Self {
-        special(r).map(|x| x as f32).unwrap_or_else(|| (r.next() % 20001) as f32 / 7.0 - 1000.0)
+        special(r)
+            .map(|x| x as f32)
+            .unwrap_or_else(|| (r.next() % 20001) as f32 / 7.0 - 1000.0)
     }
     fn op(op: Op, a: Self, b: Self) -> Self {
         float_op(op, a as f64, b as f64) as f32 // exact: f64 holds f32 results then rounds once
     }
-    fn same(a: Self, b: Self) -> bool { a == b || (a.is_nan() && b.is_nan()) }
-    fn div(a: Self, n: usize) -> Self { a / n as f32 }
+    fn same(a: Self, b: Self) -> bool {
+        a == b || (a.is_nan() && b.is_nan())
+    }
+    fn div(a: Self, n: usize) -> Self {
+        a / n as f32
+    }
 }
 impl Ref for f64 {
     fn gen(r: &mut Rng) -> Self {
         special(r).unwrap_or_else(|| (r.next() % 2_000_001) as f64 / 3.0 - 300000.0)
     }
-    fn op(op: Op, a: Self, b: Self) -> Self { float_op(op, a, b) }
-    fn same(a: Self, b: Self) -> bool { a == b || (a.is_nan() && b.is_nan()) }
-    fn div(a: Self, n: usize) -> Self { a / n as f64 }
+    fn op(op: Op, a: Self, b: Self) -> Self {
+        float_op(op, a, b)
+    }
+    fn same(a: Self, b: Self) -> bool {
+        a == b || (a.is_nan() && b.is_nan())
+    }
+    fn div(a: Self, n: usize) -> Self {
+        a / n as f64
+    }
 }
 macro_rules! half_ref {
     ($($t:ty),*) => {$(
@@ -119,7 +133,9 @@ fn check_type<T: Ref>(name: &str) {
     let mut r = Rng(0x9e37_79b9_7f4a_7c15);
     // Odd length: exercises every vector width's tail.
     let n = 4099;
-    let inputs: Vec<Vec<T>> = (0..5).map(|_| (0..n).map(|_| T::gen(&mut r)).collect()).collect();
+    let inputs: Vec<Vec<T>> = (0..5)
+        .map(|_| (0..n).map(|_| T::gen(&mut r)).collect())
+        .collect();
     for isa in Isa::available() {
         for op in Op::ALL {
             let ctx = format!("{name} {op:?} {isa:?}");
@@ -127,13 +143,23 @@ fn check_type<T: Ref>(name: &str) {
             reduce_with(isa, op, &mut dst, &inputs[0], &inputs[1]);
             for i in 0..n {
                 let want = T::op(op, inputs[0][i], inputs[1][i]);
-                assert!(T::same(dst[i], want), "{ctx} reduce [{i}]: {:?} op {:?} = {:?}, want {want:?}", inputs[0][i], inputs[1][i], dst[i]);
+                assert!(
+                    T::same(dst[i], want),
+                    "{ctx} reduce [{i}]: {:?} op {:?} = {:?}, want {want:?}",
+                    inputs[0][i],
+                    inputs[1][i],
+                    dst[i]
+                );
             }
             let mut acc = inputs[2].clone();
             reduce_assign_with(isa, op, &mut acc, &inputs[3]);
             for i in 0..n {
                 let want = T::op(op, inputs[2][i], inputs[3][i]);
-                assert!(T::same(acc[i], want), "{ctx} assign [{i}]: got {:?} want {want:?}", acc[i]);
+                assert!(
+                    T::same(acc[i], want),
+                    "{ctx} assign [{i}]: got {:?} want {want:?}",
+                    acc[i]
+                );
             }
             for k in 1..=5 {
                 let srcs: Vec<&[T]> = inputs[..k].iter().map(|v| v.as_slice()).collect();
@@ -141,7 +167,11 @@ fn check_type<T: Ref>(name: &str) {
                 for i in 0..n {
                     let col: Vec<T> = inputs[..k].iter().map(|v| v[i]).collect();
                     let want = T::fold(op, &col);
-                    assert!(T::same(dst[i], want), "{ctx} nway k={k} [{i}]: got {:?} want {want:?}", dst[i]);
+                    assert!(
+                        T::same(dst[i], want),
+                        "{ctx} nway k={k} [{i}]: got {:?} want {want:?}",
+                        dst[i]
+                    );
                 }
             }
         }
@@ -151,31 +181,55 @@ fn check_type<T: Ref>(name: &str) {
         div_assign(&mut d, ranks);
         for i in 0..n {
             let want = T::div(inputs[4][i], ranks);
-            assert!(T::same(d[i], want), "{name} div by {ranks} [{i}]: got {:?} want {want:?}", d[i]);
+            assert!(
+                T::same(d[i], want),
+                "{name} div by {ranks} [{i}]: got {:?} want {want:?}",
+                d[i]
+            );
         }
     }
 }
 
 #[test]
-fn i8_all_ops() { check_type::<i8>("i8") }
+fn i8_all_ops() {
+    check_type::<i8>("i8")
+}
 #[test]
-fn u8_all_ops() { check_type::<u8>("u8") }
+fn u8_all_ops() {
+    check_type::<u8>("u8")
+}
 #[test]
-fn i32_all_ops() { check_type::<i32>("i32") }
+fn i32_all_ops() {
+    check_type::<i32>("i32")
+}
 #[test]
-fn u32_all_ops() { check_type::<u32>("u32") }
+fn u32_all_ops() {
+    check_type::<u32>("u32")
+}
 #[test]
-fn i64_all_ops() { check_type::<i64>("i64") }
+fn i64_all_ops() {
+    check_type::<i64>("i64")
+}
 #[test]
-fn u64_all_ops() { check_type::<u64>("u64") }
+fn u64_all_ops() {
+    check_type::<u64>("u64")
+}
 #[test]
-fn f16_all_ops() { check_type::<f16>("f16") }
+fn f16_all_ops() {
+    check_type::<f16>("f16")
+}
 #[test]
-fn bf16_all_ops() { check_type::<bf16>("bf16") }
+fn bf16_all_ops() {
+    check_type::<bf16>("bf16")
+}
 #[test]
-fn f32_all_ops() { check_type::<f32>("f32") }
+fn f32_all_ops() {
+    check_type::<f32>("f32")
+}
 #[test]
-fn f64_all_ops() { check_type::<f64>("f64") }
+fn f64_all_ops() {
+    check_type::<f64>("f64")
+}
 
 #[test]
 fn integer_overflow_wraps_and_avg_truncates() {

@@ -23,7 +23,8 @@
 pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
 pub use comm_core::{
-    bf16, f16, Communicator, Config, DataType, Element, Error, P2p, PeerInfo, ReduceOp, Result, UniqueId, Work,
+    bf16, f16, Communicator, Config, DataType, Element, Error, P2p, PeerInfo, ReduceOp, Result,
+    UniqueId, Work,
 };
 pub use comm_core::{schedule, transport};
 
@@ -39,7 +40,9 @@ use transport_tcp::TcpTransport;
 /// What most programs need: `use oxccl::prelude::*;`.
 pub mod prelude {
     pub use crate::{init_logging, CommunicatorExt};
-    pub use comm_core::{Communicator, Config, DataType, Element, Error, ReduceOp, Result, UniqueId};
+    pub use comm_core::{
+        Communicator, Config, DataType, Element, Error, ReduceOp, Result, UniqueId,
+    };
 }
 
 /// The transport set for a configuration: today TCP for every peer;
@@ -71,7 +74,12 @@ impl CommunicatorExt for Communicator {
         Self::init_with_config(id, rank, nranks, Config::from_env()?)
     }
 
-    fn init_with_config(id: &UniqueId, rank: usize, nranks: usize, config: Config) -> Result<Communicator> {
+    fn init_with_config(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        config: Config,
+    ) -> Result<Communicator> {
         init_logging();
         let t = transports(&config)?;
         Communicator::init_with(id, rank, nranks, config, t)
@@ -91,10 +99,15 @@ impl CommunicatorExt for Communicator {
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let level = std::env::var("OXCCL_DEBUG").unwrap_or_else(|_| "warn".into()).to_lowercase();
-        let filter = tracing_subscriber::EnvFilter::try_new(format!("warn,comm_core={level},transport_tcp={level},oxccl={level}"))
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter)
+        let level = std::env::var("OXCCL_DEBUG")
+            .unwrap_or_else(|_| "warn".into())
+            .to_lowercase();
+        let filter = tracing_subscriber::EnvFilter::try_new(format!(
+            "warn,comm_core={level},transport_tcp={level},oxccl={level}"
+        ))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_writer(std::io::stderr)
             .try_init();

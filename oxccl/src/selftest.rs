@@ -28,20 +28,36 @@ macro_rules! int_elem {
 }
 int_elem!(i8, u8, i32, u32, i64, u64);
 impl TestElem for f32 {
-    fn from_i(v: i64) -> Self { v as f32 }
-    fn avg(sum: i64, n: usize) -> Self { sum as f32 / n as f32 }
+    fn from_i(v: i64) -> Self {
+        v as f32
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        sum as f32 / n as f32
+    }
 }
 impl TestElem for f64 {
-    fn from_i(v: i64) -> Self { v as f64 }
-    fn avg(sum: i64, n: usize) -> Self { sum as f64 / n as f64 }
+    fn from_i(v: i64) -> Self {
+        v as f64
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        sum as f64 / n as f64
+    }
 }
 impl TestElem for f16 {
-    fn from_i(v: i64) -> Self { f16::from_f32(v as f32) }
-    fn avg(sum: i64, n: usize) -> Self { f16::from_f32(sum as f32 / n as f32) }
+    fn from_i(v: i64) -> Self {
+        f16::from_f32(v as f32)
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        f16::from_f32(sum as f32 / n as f32)
+    }
 }
 impl TestElem for bf16 {
-    fn from_i(v: i64) -> Self { bf16::from_f32(v as f32) }
-    fn avg(sum: i64, n: usize) -> Self { bf16::from_f32(sum as f32 / n as f32) }
+    fn from_i(v: i64) -> Self {
+        bf16::from_f32(v as f32)
+    }
+    fn avg(sum: i64, n: usize) -> Self {
+        bf16::from_f32(sum as f32 / n as f32)
+    }
 }
 
 /// Rank `r`'s value at element `i` for operator `op`: chosen so every
@@ -69,12 +85,17 @@ pub fn expected<T: TestElem>(op: ReduceOp, n: usize, i: usize) -> T {
 
 /// Data of rank `r`, `len` elements starting at global index `base`.
 pub fn data<T: TestElem>(op: ReduceOp, r: usize, base: usize, len: usize) -> Vec<T> {
-    (base..base + len).map(|i| T::from_i(value(op, r, i))).collect()
+    (base..base + len)
+        .map(|i| T::from_i(value(op, r, i)))
+        .collect()
 }
 
 /// First mismatch, formatted, or None.
 pub fn first_diff<T: TestElem>(got: &[T], want: impl Fn(usize) -> T) -> Option<String> {
-    got.iter().enumerate().find(|(i, g)| !T::same(**g, want(*i))).map(|(i, g)| format!("element {i}: got {g:?}, want {:?}", want(i)))
+    got.iter()
+        .enumerate()
+        .find(|(i, g)| !T::same(**g, want(*i)))
+        .map(|(i, g)| format!("element {i}: got {g:?}, want {:?}", want(i)))
 }
 
 /// The counts the matrix uses for `n` ranks: 0, 1, 7, n-1, n+1, 1 000 003.
@@ -89,7 +110,11 @@ pub fn standard_counts(n: usize) -> Vec<usize> {
 /// all_to_all), large counts are divided by `n` so the total stays near
 /// the requested size (and still not divisible by `n`).
 fn per_rank(count: usize, n: usize) -> usize {
-    if count > 1000 { count / n } else { count }
+    if count > 1000 {
+        count / n
+    } else {
+        count
+    }
 }
 
 fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
@@ -126,9 +151,16 @@ fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), 
             let mut buf = input.clone();
             comm.reduce_in_place(&mut buf, op, root).map_err(err)?;
             let want_untouched = |i: usize| input[i];
-            let d = if r == root { first_diff(&buf, |i| expected(op, n, i)) } else { first_diff(&buf, want_untouched) };
+            let d = if r == root {
+                first_diff(&buf, |i| expected(op, n, i))
+            } else {
+                first_diff(&buf, want_untouched)
+            };
             if let Some(d) = d {
-                return fail(&format!("reduce in-place {op} root {root} count {count}"), d);
+                return fail(
+                    &format!("reduce in-place {op} root {root} count {count}"),
+                    d,
+                );
             }
             // reduce_scatter
             let c = per_rank(count, n);
@@ -140,7 +172,13 @@ fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), 
             }
             let mut buf = full.clone();
             comm.reduce_scatter_in_place(&mut buf, op).map_err(err)?;
-            if let Some(d) = first_diff(&buf, |i| if i / c.max(1) == r && c > 0 { expected(op, n, i) } else { full[i] }) {
+            if let Some(d) = first_diff(&buf, |i| {
+                if i / c.max(1) == r && c > 0 {
+                    expected(op, n, i)
+                } else {
+                    full[i]
+                }
+            }) {
                 return fail(&format!("reduce_scatter in-place {op} count {c}"), d);
             }
         }
@@ -149,7 +187,8 @@ fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), 
         // broadcast
         let input: Vec<T> = data(op, r, 0, count);
         let mut out = vec![T::default(); count];
-        comm.broadcast(if r == root { &input[..] } else { &[] }, &mut out, root).map_err(err)?;
+        comm.broadcast(if r == root { &input[..] } else { &[] }, &mut out, root)
+            .map_err(err)?;
         if let Some(d) = first_diff(&out, |i| T::from_i(value(op, root, i))) {
             return fail(&format!("broadcast root {root} count {count}"), d);
         }
@@ -189,7 +228,6 @@ fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), 
     }
     Ok(())
 }
-
 
 /// Run the whole matrix on `comm` for every dtype; `Err` names the first
 /// wrong element (rank, dtype, collective, op, count).

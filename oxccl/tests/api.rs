@@ -13,10 +13,15 @@ fn send_recv_exchange_larger_than_socket_buffers_does_not_deadlock() {
     let n = 2;
     with_ranks(n, test_config(), |c| {
         let peer = 1 - c.rank();
-        let send: Vec<f32> = (0..6 << 20).map(|i| (i % 1000) as f32 + c.rank() as f32).collect();
+        let send: Vec<f32> = (0..6 << 20)
+            .map(|i| (i % 1000) as f32 + c.rank() as f32)
+            .collect();
         let mut recv = vec![0f32; send.len()];
         c.send_recv(&send, peer, &mut recv, peer).unwrap();
-        assert!(recv.iter().enumerate().all(|(i, v)| *v == (i % 1000) as f32 + peer as f32));
+        assert!(recv
+            .iter()
+            .enumerate()
+            .all(|(i, v)| *v == (i % 1000) as f32 + peer as f32));
     });
 }
 
@@ -57,7 +62,8 @@ fn blocking_send_and_recv_in_any_pair_and_order() {
         .unwrap();
         assert_eq!(got, [prev as i32; 3]);
         assert_eq!(me, [9; 3]);
-        c.group(vec![P2p::Send(&[], next), P2p::Recv(&mut empty, prev)]).unwrap();
+        c.group(vec![P2p::Send(&[], next), P2p::Recv(&mut empty, prev)])
+            .unwrap();
     });
 }
 
@@ -112,12 +118,26 @@ fn split_makes_working_subgroups() {
 fn bad_arguments_are_typed_errors_and_leave_the_communicator_usable() {
     with_ranks(2, test_config(), |c| {
         let mut out = [0f32; 3];
-        let e = c.all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum).unwrap_err();
+        let e = c
+            .all_reduce(&[1f32; 4], &mut out, ReduceOp::Sum)
+            .unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-        assert!(matches!(c.broadcast_in_place(&mut out, 2), Err(Error::InvalidArgument(_))));
-        assert!(matches!(c.all_gather(&[1f32; 2], &mut out), Err(Error::InvalidArgument(_))));
-        assert!(matches!(c.reduce_scatter(&[1f32; 5], &mut out, ReduceOp::Sum), Err(Error::InvalidArgument(_))));
-        assert!(matches!(c.all_to_all_in_place(&mut out), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            c.broadcast_in_place(&mut out, 2),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            c.all_gather(&[1f32; 2], &mut out),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            c.reduce_scatter(&[1f32; 5], &mut out, ReduceOp::Sum),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            c.all_to_all_in_place(&mut out),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(c.send(&out, 7), Err(Error::InvalidArgument(_))));
         let bytes = [0u8; 7];
         let mut rb = [0u8; 7];
@@ -147,7 +167,9 @@ fn abort_wakes_a_blocked_call_and_poisons() {
                     t
                 });
                 let t = Instant::now();
-                let e = c.all_reduce_in_place(&mut [1f32; 10], ReduceOp::Sum).unwrap_err();
+                let e = c
+                    .all_reduce_in_place(&mut [1f32; 10], ReduceOp::Sum)
+                    .unwrap_err();
                 assert_eq!(e, Error::Aborted { by: None });
                 assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
             });
@@ -157,18 +179,29 @@ fn abort_wakes_a_blocked_call_and_poisons() {
             // Told by the root that rank 0 aborted, before sending anything.
             std::thread::sleep(Duration::from_millis(800));
             let e = c.barrier().unwrap_err();
-            assert!(matches!(e, Error::Aborted { by: Some(0) } | Error::PeerLost { rank: 0, .. }), "{e:?}");
+            assert!(
+                matches!(
+                    e,
+                    Error::Aborted { by: Some(0) } | Error::PeerLost { rank: 0, .. }
+                ),
+                "{e:?}"
+            );
         }
     });
 }
 
 #[test]
 fn a_rank_that_never_calls_is_a_timeout_not_a_hang() {
-    let cfg = Config { timeout: Duration::from_secs(1), ..test_config() };
+    let cfg = Config {
+        timeout: Duration::from_secs(1),
+        ..test_config()
+    };
     with_ranks(2, cfg, |c| {
         if c.rank() == 0 {
             let t = Instant::now();
-            let e = c.all_reduce_in_place(&mut [1f32; 10], ReduceOp::Sum).unwrap_err();
+            let e = c
+                .all_reduce_in_place(&mut [1f32; 10], ReduceOp::Sum)
+                .unwrap_err();
             assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
             assert!(t.elapsed() < Duration::from_secs(5));
             assert!(e.to_string().contains("data from rank 1"), "{e}");
@@ -176,7 +209,13 @@ fn a_rank_that_never_calls_is_a_timeout_not_a_hang() {
             std::thread::sleep(Duration::from_millis(1500));
             // Rank 0's timeout was relayed.
             let e = c.barrier().unwrap_err();
-            assert!(matches!(e, Error::Remote { rank: 0, .. } | Error::PeerLost { rank: 0, .. }), "{e:?}");
+            assert!(
+                matches!(
+                    e,
+                    Error::Remote { rank: 0, .. } | Error::PeerLost { rank: 0, .. }
+                ),
+                "{e:?}"
+            );
         }
     });
 }
@@ -192,9 +231,19 @@ fn different_collectives_are_a_mismatch_not_a_hang() {
         };
         let e = r.unwrap_err();
         match &e {
-            Error::Mismatch { local, peer, remote } => {
-                assert!(local.contains("collective #0") && remote.contains("collective #0"), "{e}");
-                assert!(local.contains("all_") && remote.contains("all_") && local != remote, "{e}");
+            Error::Mismatch {
+                local,
+                peer,
+                remote,
+            } => {
+                assert!(
+                    local.contains("collective #0") && remote.contains("collective #0"),
+                    "{e}"
+                );
+                assert!(
+                    local.contains("all_") && remote.contains("all_") && local != remote,
+                    "{e}"
+                );
                 assert!(*peer < 3);
             }
             Error::Remote { message, .. } => assert!(message.contains("mismatch"), "{e}"),

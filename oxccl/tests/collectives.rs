@@ -12,20 +12,34 @@ use common::*;
 use oxccl::selftest::{run_matrix, standard_counts};
 
 fn matrix(n: usize) {
-    let results = with_ranks(n, test_config(), |comm| run_matrix(&comm, &standard_counts(n)));
+    let results = with_ranks(n, test_config(), |comm| {
+        run_matrix(&comm, &standard_counts(n))
+    });
     for r in results {
         r.unwrap();
     }
 }
 #[test]
-fn matrix_1_rank() { matrix(1) }
+fn matrix_1_rank() {
+    matrix(1)
+}
 #[test]
-fn matrix_2_ranks() { matrix(2) }
+fn matrix_2_ranks() {
+    matrix(2)
+}
 #[test]
-fn matrix_3_ranks() { matrix(3) }
+fn matrix_3_ranks() {
+    matrix(3)
+}
 #[test]
-fn matrix_4_ranks() { matrix(4) }
+fn matrix_4_ranks() {
+    matrix(4)
+}
 #[test]
-fn matrix_5_ranks() { matrix(5) }
+fn matrix_5_ranks() {
+    matrix(5)
+}
 #[test]
-fn matrix_8_ranks() { matrix(8) }
+fn matrix_8_ranks() {
+    matrix(8)
+}

@@ -36,7 +36,10 @@ fn attack(addr: SocketAddr, purpose: Purpose, comm_id: u64, real: &Secret, to: u
     // Wrong secret (from a rank that may connect there).
     let mut s = connect(addr);
     let h = Hello::new(purpose, comm_id, 2, to, 3, 0).unwrap();
-    assert!(client(&mut s, &Secret::random().unwrap(), &h).is_err(), "wrong secret accepted at {addr}");
+    assert!(
+        client(&mut s, &Secret::random().unwrap(), &h).is_err(),
+        "wrong secret accepted at {addr}"
+    );
     // Random bytes.
     let mut s = connect(addr);
     let mut junk = [0u8; 64];
@@ -48,7 +51,10 @@ fn attack(addr: SocketAddr, purpose: Purpose, comm_id: u64, real: &Secret, to: u
     // Right secret, another communicator.
     let mut s = connect(addr);
     let h = Hello::new(purpose, comm_id ^ 1, 1, to, 3, 0).unwrap();
-    assert!(client(&mut s, real, &h).is_err(), "foreign communicator accepted at {addr}");
+    assert!(
+        client(&mut s, real, &h).is_err(),
+        "foreign communicator accepted at {addr}"
+    );
     // Truncated hello, then silence.
     let mut s = connect(addr);
     s.write_all(b"OXCCLHS1").unwrap();
@@ -68,8 +74,10 @@ fn strangers_are_rejected_while_the_job_runs() {
             let (id, cfg) = (&id, cfg.clone());
             s.spawn(move || {
                 let c = Communicator::init_with_config(id, r, 3, cfg).unwrap();
-                let data_addr: SocketAddr =
-                    std::str::from_utf8(&c.peers()[1].addrs[0]).unwrap().parse().unwrap();
+                let data_addr: SocketAddr = std::str::from_utf8(&c.peers()[1].addrs[0])
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 let silent_data = connect(data_addr);
                 if r == 0 {
                     attack(root, Purpose::Bootstrap, c.id(), &secret, ROOT);
@@ -77,22 +85,34 @@ fn strangers_are_rejected_while_the_job_runs() {
                     // A duplicate of rank 2's connection, with the right secret.
                     let mut d = connect(data_addr);
                     let h = Hello::new(Purpose::Tcp, c.id(), 2, 1, 3, 0).unwrap();
-                    assert!(client(&mut d, &secret, &h).is_err(), "duplicate rank accepted");
+                    assert!(
+                        client(&mut d, &secret, &h).is_err(),
+                        "duplicate rank accepted"
+                    );
                     // A second registration as rank 2 at the root.
                     let mut d = connect(root);
                     let h = Hello::new(Purpose::Bootstrap, c.id(), 2, ROOT, 3, 0).unwrap();
                     client(&mut d, &secret, &h).unwrap(); // the door opens for the secret...
-                    assert!(closed_by_server_after_register(d, 2, 3), "late registration accepted");
+                    assert!(
+                        closed_by_server_after_register(d, 2, 3),
+                        "late registration accepted"
+                    );
                     // A registration claiming a rank outside the job.
                     let mut d = connect(root);
                     let h = Hello::new(Purpose::Bootstrap, c.id(), 500, ROOT, 1000, 0).unwrap();
                     client(&mut d, &secret, &h).unwrap();
-                    assert!(closed_by_server_after_register(d, 500, 1000), "out-of-range rank accepted");
+                    assert!(
+                        closed_by_server_after_register(d, 500, 1000),
+                        "out-of-range rank accepted"
+                    );
                 }
                 // The job is undisturbed.
                 let mut v: Vec<f32> = (0..1_000_003).map(|i| (i % 7) as f32).collect();
                 c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
-                assert!(v.iter().enumerate().all(|(i, x)| *x == 3.0 * (i % 7) as f32));
+                assert!(v
+                    .iter()
+                    .enumerate()
+                    .all(|(i, x)| *x == 3.0 * (i % 7) as f32));
                 c.barrier().unwrap();
                 drop(silent_data);
             });

@@ -26,8 +26,15 @@ fn matrix_through_oxrun() {
     for n in [1, 2, 3, 4, 5, 8] {
         let out = oxrun(n, &["matrix"]);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "n={n}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains(&format!("[0] matrix OK: {n} ranks")), "{stdout}");
+        assert!(
+            out.status.success(),
+            "n={n}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(&format!("[0] matrix OK: {n} ranks")),
+            "{stdout}"
+        );
     }
 }
 
@@ -39,7 +46,11 @@ fn oxrun_reports_a_killed_rank_and_stops_the_others() {
     assert!(!out.status.success());
     assert!(err.contains("oxrun: rank 2 (pid"), "{err}");
     assert!(err.contains("killed by signal 9"), "{err}");
-    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t.elapsed()
+    );
 }
 
 #[test]
@@ -52,7 +63,11 @@ fn oxrun_rejects_bad_usage() {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 #[test]
@@ -75,7 +90,10 @@ fn torchrun_style_environment() {
                 .unwrap()
         })
         .collect();
-    let outs: Vec<_> = kids.into_iter().map(|k| k.wait_with_output().unwrap()).collect();
+    let outs: Vec<_> = kids
+        .into_iter()
+        .map(|k| k.wait_with_output().unwrap())
+        .collect();
     for o in &outs {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
     }
@@ -83,13 +101,21 @@ fn torchrun_style_environment() {
 }
 
 fn now_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
 }
 
 /// Start `n` ranks of `selftest loop` directly (not under oxrun, which
 /// would stop the survivors itself) with a root hosted by this process.
 fn spawn_loop(n: usize, bytes: &str) -> Vec<Child> {
-    let id = oxccl::UniqueId::serve("127.0.0.1:0".parse().unwrap(), comm_core_secret(), Duration::from_secs(60)).unwrap();
+    let id = oxccl::UniqueId::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        comm_core_secret(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
     (0..n)
         .map(|r| {
             Command::new(SELFTEST)
@@ -112,7 +138,10 @@ fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s() {
     for victim in [0usize, 1, 3] {
         let n = 4;
         let mut kids = spawn_loop(n, "32M");
-        let mut readers: Vec<_> = kids.iter_mut().map(|k| BufReader::new(k.stdout.take().unwrap()).lines()).collect();
+        let mut readers: Vec<_> = kids
+            .iter_mut()
+            .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
+            .collect();
         // Wait until every rank completed one all_reduce.
         for r in readers.iter_mut() {
             loop {
@@ -130,7 +159,10 @@ fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s() {
             if r == victim {
                 continue;
             }
-            let line = reader.find(|l| l.as_ref().map(|l| l.starts_with("ERROR")).unwrap_or(true)).expect("error line").unwrap();
+            let line = reader
+                .find(|l| l.as_ref().map(|l| l.starts_with("ERROR")).unwrap_or(true))
+                .expect("error line")
+                .unwrap();
             let f: Vec<&str> = line.split_whitespace().collect();
             let at: u128 = f[2].parse().unwrap();
             let blamed: i64 = f[3].parse().unwrap();

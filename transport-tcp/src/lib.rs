@@ -45,11 +45,17 @@ impl Transport for TcpTransport {
         // Accepted sockets inherit the buffer sizes, which must be set
         // before the handshake so TCP window scaling can use them.
         configure(&sock, ctx.config.socket_buffer);
-        sock.bind(&SockAddr::from(addr)).map_err(|e| Error::Bootstrap(format!("tcp bind {addr}: {e}")))?;
-        sock.listen(1024).map_err(|e| Error::Bootstrap(format!("tcp listen: {e}")))?;
+        sock.bind(&SockAddr::from(addr))
+            .map_err(|e| Error::Bootstrap(format!("tcp bind {addr}: {e}")))?;
+        sock.listen(1024)
+            .map_err(|e| Error::Bootstrap(format!("tcp listen: {e}")))?;
         let listener: TcpListener = sock.into();
-        let local = listener.local_addr().map_err(|e| Error::Bootstrap(e.to_string()))?;
-        listener.set_nonblocking(true).map_err(|e| Error::Bootstrap(e.to_string()))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
         let stop = Arc::new(AtomicBool::new(false));
         let complete = Arc::new(AtomicBool::new(false));
         let (tx, rx) = channel();
@@ -58,13 +64,24 @@ impl Transport for TcpTransport {
             .name("oxccl-tcp-accept".into())
             .spawn(move || accept_loop(listener, ctx2, tx, stop2, complete2))
             .map_err(|e| Error::Bootstrap(format!("spawning tcp acceptor: {e}")))?;
-        Ok(Box::new(TcpEndpoint { local, incoming: rx, stop, complete }))
+        Ok(Box::new(TcpEndpoint {
+            local,
+            incoming: rx,
+            stop,
+            complete,
+        }))
     }
 }
 
 type Incoming = (usize, usize, TcpStream);
 
-fn accept_loop(l: TcpListener, ctx: SetupCtx, tx: Sender<Incoming>, stop: Arc<AtomicBool>, complete: Arc<AtomicBool>) {
+fn accept_loop(
+    l: TcpListener,
+    ctx: SetupCtx,
+    tx: Sender<Incoming>,
+    stop: Arc<AtomicBool>,
+    complete: Arc<AtomicBool>,
+) {
     while !stop.load(Ordering::Relaxed) {
         match l.accept() {
             Ok((s, peer_addr)) => {
@@ -74,7 +91,11 @@ fn accept_loop(l: TcpListener, ctx: SetupCtx, tx: Sender<Incoming>, stop: Arc<At
                     .spawn(move || admit(s, peer_addr, &ctx, &tx, &complete));
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let mut p = libc::pollfd { fd: l.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+                let mut p = libc::pollfd {
+                    fd: l.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
                 // SAFETY: one valid pollfd for the duration of the call.
                 unsafe { libc::poll(&mut p, 1, 200) };
             }
@@ -87,28 +108,51 @@ fn accept_loop(l: TcpListener, ctx: SetupCtx, tx: Sender<Incoming>, stop: Arc<At
 }
 
 /// Run the server handshake for one incoming connection.
-fn admit(mut s: TcpStream, from_addr: SocketAddr, ctx: &SetupCtx, tx: &Sender<Incoming>, complete: &AtomicBool) {
+fn admit(
+    mut s: TcpStream,
+    from_addr: SocketAddr,
+    ctx: &SetupCtx,
+    tx: &Sender<Incoming>,
+    complete: &AtomicBool,
+) {
     let _ = s.set_nonblocking(false);
     let _ = s.set_read_timeout(Some(DOOR_TIMEOUT));
     let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
     let r = handshake::server(&mut s, &ctx.secret, |h: &Hello| {
         if h.purpose != Purpose::Tcp {
-            return Err(Error::Handshake(format!("{:?} connection sent to a TCP data port", h.purpose)));
+            return Err(Error::Handshake(format!(
+                "{:?} connection sent to a TCP data port",
+                h.purpose
+            )));
         }
         if h.comm_id != ctx.comm_id {
-            return Err(Error::Handshake(format!("communicator {:#x} is not this one ({:#x})", h.comm_id, ctx.comm_id)));
+            return Err(Error::Handshake(format!(
+                "communicator {:#x} is not this one ({:#x})",
+                h.comm_id, ctx.comm_id
+            )));
         }
         if h.to as usize != ctx.rank || h.nranks as usize != ctx.nranks {
-            return Err(Error::Handshake(format!("addressed to rank {} of {}, this is rank {} of {}", h.to, h.nranks, ctx.rank, ctx.nranks)));
+            return Err(Error::Handshake(format!(
+                "addressed to rank {} of {}, this is rank {} of {}",
+                h.to, h.nranks, ctx.rank, ctx.nranks
+            )));
         }
         if h.from as usize >= ctx.nranks || h.from as usize <= ctx.rank {
-            return Err(Error::Handshake(format!("rank {} may not connect to rank {}", h.from, ctx.rank)));
+            return Err(Error::Handshake(format!(
+                "rank {} may not connect to rank {}",
+                h.from, ctx.rank
+            )));
         }
         if h.stream as usize >= ctx.config.nsocks {
-            return Err(Error::Handshake(format!("stream {} out of range", h.stream)));
+            return Err(Error::Handshake(format!(
+                "stream {} out of range",
+                h.stream
+            )));
         }
         if complete.load(Ordering::Acquire) {
-            return Err(Error::Handshake("links are already complete (duplicate connection)".into()));
+            return Err(Error::Handshake(
+                "links are already complete (duplicate connection)".into(),
+            ));
         }
         Ok(())
     });
@@ -116,7 +160,10 @@ fn admit(mut s: TcpStream, from_addr: SocketAddr, ctx: &SetupCtx, tx: &Sender<In
         Ok(h) => {
             let _ = tx.send((h.from as usize, h.stream as usize, s));
         }
-        Err(e) => tracing::warn!("oxccl tcp: rank {} rejected a connection from {from_addr}: {e}", ctx.rank),
+        Err(e) => tracing::warn!(
+            "oxccl tcp: rank {} rejected a connection from {from_addr}: {e}",
+            ctx.rank
+        ),
     }
 }
 
@@ -144,7 +191,13 @@ fn decode_addr(b: &[u8]) -> Result<SocketAddr> {
         .ok_or_else(|| Error::Protocol("peer published an unreadable TCP address".into()))
 }
 
-fn connect_stream(ctx: &SetupCtx, peer: usize, addr: SocketAddr, stream: usize, deadline: Instant) -> Result<TcpStream> {
+fn connect_stream(
+    ctx: &SetupCtx,
+    peer: usize,
+    addr: SocketAddr,
+    stream: usize,
+    deadline: Instant,
+) -> Result<TcpStream> {
     let mut last = String::new();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -161,9 +214,17 @@ fn connect_stream(ctx: &SetupCtx, peer: usize, addr: SocketAddr, stream: usize, 
                 let mut s: TcpStream = sock.into();
                 let _ = s.set_read_timeout(Some(left.min(DOOR_TIMEOUT)));
                 let _ = s.set_write_timeout(Some(left.min(DOOR_TIMEOUT)));
-                let hello = Hello::new(Purpose::Tcp, ctx.comm_id, ctx.rank, peer as u32, ctx.nranks, stream)?;
-                handshake::client(&mut s, &ctx.secret, &hello)
-                    .map_err(|e| Error::Bootstrap(format!("rank {peer} at {addr} refused our connection: {e}")))?;
+                let hello = Hello::new(
+                    Purpose::Tcp,
+                    ctx.comm_id,
+                    ctx.rank,
+                    peer as u32,
+                    ctx.nranks,
+                    stream,
+                )?;
+                handshake::client(&mut s, &ctx.secret, &hello).map_err(|e| {
+                    Error::Bootstrap(format!("rank {peer} at {addr} refused our connection: {e}"))
+                })?;
                 return Ok(s);
             }
             Err(e) => {
@@ -179,24 +240,38 @@ impl Endpoint for TcpEndpoint {
         encode_addr(&self.local)
     }
 
-    fn connect(&mut self, ctx: &SetupCtx, peers: &[(usize, Vec<u8>)], deadline: Instant) -> Result<Vec<(usize, Box<dyn Link>)>> {
+    fn connect(
+        &mut self,
+        ctx: &SetupCtx,
+        peers: &[(usize, Vec<u8>)],
+        deadline: Instant,
+    ) -> Result<Vec<(usize, Box<dyn Link>)>> {
         let nsocks = ctx.config.nsocks;
-        let mut streams: Vec<Vec<Option<TcpStream>>> = (0..ctx.nranks).map(|_| (0..nsocks).map(|_| None).collect()).collect();
+        let mut streams: Vec<Vec<Option<TcpStream>>> = (0..ctx.nranks)
+            .map(|_| (0..nsocks).map(|_| None).collect())
+            .collect();
         // Lower-ranked peers: we connect.
         for (peer, addr) in peers.iter().filter(|(p, _)| *p < ctx.rank) {
             let addr = decode_addr(addr)?;
-            for s in 0..nsocks {
-                streams[*peer][s] = Some(connect_stream(ctx, *peer, addr, s, deadline)?);
+            for (s, slot) in streams[*peer].iter_mut().enumerate() {
+                *slot = Some(connect_stream(ctx, *peer, addr, s, deadline)?);
             }
         }
         // Higher-ranked peers connect to us.
         let mut missing: usize = peers.iter().filter(|(p, _)| *p > ctx.rank).count() * nsocks;
-        let wanted: Vec<bool> = (0..ctx.nranks).map(|r| peers.iter().any(|(p, _)| *p == r)).collect();
+        let wanted: Vec<bool> = (0..ctx.nranks)
+            .map(|r| peers.iter().any(|(p, _)| *p == r))
+            .collect();
         while missing > 0 {
             let left = deadline.saturating_duration_since(Instant::now());
             let (from, s, stream) = self.incoming.recv_timeout(left).map_err(|_| {
-                let absent: Vec<usize> = (ctx.rank + 1..ctx.nranks).filter(|r| wanted[*r] && streams[*r].iter().any(|x| x.is_none())).collect();
-                Error::Bootstrap(format!("ranks {absent:?} did not connect to rank {} in time", ctx.rank))
+                let absent: Vec<usize> = (ctx.rank + 1..ctx.nranks)
+                    .filter(|r| wanted[*r] && streams[*r].iter().any(|x| x.is_none()))
+                    .collect();
+                Error::Bootstrap(format!(
+                    "ranks {absent:?} did not connect to rank {} in time",
+                    ctx.rank
+                ))
             })?;
             if !wanted[from] || streams[from][s].is_some() {
                 tracing::warn!("oxccl tcp: dropping duplicate or unexpected connection from rank {from} stream {s}");
@@ -214,7 +289,8 @@ impl Endpoint for TcpEndpoint {
                     let s = s.take().unwrap();
                     let _ = s.set_read_timeout(None);
                     let _ = s.set_write_timeout(None);
-                    s.set_nonblocking(true).map_err(|e| Error::Bootstrap(e.to_string()))?;
+                    s.set_nonblocking(true)
+                        .map_err(|e| Error::Bootstrap(e.to_string()))?;
                     Ok(Socket::from(s))
                 })
                 .collect::<Result<_>>()?;

@@ -13,18 +13,42 @@ pub fn broadcast(rank: usize, n: usize, count: usize, chunk: usize, root: usize)
     let next = (rank + 1) % n;
     let prev = (rank + n - 1) % n;
     if pos == 0 {
-        s.push(Action::Copy { src: Span::new(INPUT, 0, count), dst: Span::new(OUTPUT, 0, count) }, &[]);
+        s.push(
+            Action::Copy {
+                src: Span::new(INPUT, 0, count),
+                dst: Span::new(OUTPUT, 0, count),
+            },
+            &[],
+        );
         if n > 1 {
             for (off, len) in chunks(0, count, chunk) {
-                s.push(Action::Send { peer: next, src: Span::new(INPUT, off, len) }, &[]);
+                s.push(
+                    Action::Send {
+                        peer: next,
+                        src: Span::new(INPUT, off, len),
+                    },
+                    &[],
+                );
             }
         }
         return s;
     }
     for (off, len) in chunks(0, count, chunk) {
-        let r = s.push(Action::Recv { peer: prev, dst: Span::new(OUTPUT, off, len) }, &[]);
+        let r = s.push(
+            Action::Recv {
+                peer: prev,
+                dst: Span::new(OUTPUT, off, len),
+            },
+            &[],
+        );
         if pos != n - 1 {
-            s.push(Action::Send { peer: next, src: Span::new(OUTPUT, off, len) }, &[r]);
+            s.push(
+                Action::Send {
+                    peer: next,
+                    src: Span::new(OUTPUT, off, len),
+                },
+                &[r],
+            );
         }
     }
     s
@@ -35,10 +59,23 @@ const REDUCE_SLOTS: usize = 4;
 
 /// Reduce `count` elements of every `INPUT` into `root`'s `OUTPUT`. Only the
 /// root writes its output; middle ranks combine in scratch slots.
-pub fn reduce(rank: usize, n: usize, count: usize, chunk: usize, root: usize, avg: bool) -> Schedule {
+pub fn reduce(
+    rank: usize,
+    n: usize,
+    count: usize,
+    chunk: usize,
+    root: usize,
+    avg: bool,
+) -> Schedule {
     let mut s = Schedule::default();
     if n == 1 {
-        s.push(Action::Copy { src: Span::new(INPUT, 0, count), dst: Span::new(OUTPUT, 0, count) }, &[]);
+        s.push(
+            Action::Copy {
+                src: Span::new(INPUT, 0, count),
+                dst: Span::new(OUTPUT, 0, count),
+            },
+            &[],
+        );
         return s;
     }
     let pos = sub_mod(rank, root + 1, n);
@@ -46,12 +83,25 @@ pub fn reduce(rank: usize, n: usize, count: usize, chunk: usize, root: usize, av
     let prev = (rank + n - 1) % n;
     if pos == 0 {
         for (off, len) in chunks(0, count, chunk) {
-            s.push(Action::Send { peer: next, src: Span::new(INPUT, off, len) }, &[]);
+            s.push(
+                Action::Send {
+                    peer: next,
+                    src: Span::new(INPUT, off, len),
+                },
+                &[],
+            );
         }
     } else if pos == n - 1 {
         for (off, len) in chunks(0, count, chunk) {
             let dst = Span::new(OUTPUT, off, len);
-            let r = s.push(Action::RecvReduce { peer: prev, dst, with: Span::new(INPUT, off, len) }, &[]);
+            let r = s.push(
+                Action::RecvReduce {
+                    peer: prev,
+                    dst,
+                    with: Span::new(INPUT, off, len),
+                },
+                &[],
+            );
             if avg {
                 s.push(Action::Divide { dst }, &[r]);
             }
@@ -63,9 +113,26 @@ pub fn reduce(rank: usize, n: usize, count: usize, chunk: usize, root: usize, av
         for (j, (off, len)) in chunks(0, count, chunk).enumerate() {
             let tmp = Span::new(SCRATCH, (j % REDUCE_SLOTS) * slot, len);
             // A slot is reused only after the send that read it finished.
-            let deps: Vec<u32> = j.checked_sub(REDUCE_SLOTS).map(|k| sends[k]).into_iter().collect();
-            let r = s.push(Action::RecvReduce { peer: prev, dst: tmp, with: Span::new(INPUT, off, len) }, &deps);
-            sends.push(s.push(Action::Send { peer: next, src: tmp }, &[r]));
+            let deps: Vec<u32> = j
+                .checked_sub(REDUCE_SLOTS)
+                .map(|k| sends[k])
+                .into_iter()
+                .collect();
+            let r = s.push(
+                Action::RecvReduce {
+                    peer: prev,
+                    dst: tmp,
+                    with: Span::new(INPUT, off, len),
+                },
+                &deps,
+            );
+            sends.push(s.push(
+                Action::Send {
+                    peer: next,
+                    src: tmp,
+                },
+                &[r],
+            ));
         }
     }
     s

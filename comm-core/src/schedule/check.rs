@@ -23,7 +23,10 @@ fn leaf(r: usize, i: usize) -> String {
 /// gives each rank's initial buffers (scratch is added from the schedule).
 /// Run once in plain order, then with a few different slow ranks (see
 /// `simulate`); every run must end with the same buffers.
-fn simulate_all(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufId, Vec<Val>>) -> Vec<Rank> {
+fn simulate_all(
+    scheds: &[Schedule],
+    mut bufs: impl FnMut(usize) -> HashMap<BufId, Vec<Val>>,
+) -> Vec<Rank> {
     let n = scheds.len();
     let base = simulate(scheds, &mut bufs, usize::MAX);
     let mut victims = vec![0, n / 2, n - 1];
@@ -41,7 +44,11 @@ fn simulate_all(scheds: &[Schedule], mut bufs: impl FnMut(usize) -> HashMap<BufI
     base
 }
 
-fn simulate(scheds: &[Schedule], bufs: &mut impl FnMut(usize) -> HashMap<BufId, Vec<Val>>, victim: usize) -> Vec<Rank> {
+fn simulate(
+    scheds: &[Schedule],
+    bufs: &mut impl FnMut(usize) -> HashMap<BufId, Vec<Val>>,
+    victim: usize,
+) -> Vec<Rank> {
     let n = scheds.len();
     let mut ranks: Vec<Rank> = (0..n)
         .map(|r| {
@@ -54,11 +61,17 @@ fn simulate(scheds: &[Schedule], bufs: &mut impl FnMut(usize) -> HashMap<BufId, 
                 .iter()
                 .map(|st| match st.action {
                     Action::Send { peer, .. } => post(&mut counters, (true, peer)),
-                    Action::Recv { peer, .. } | Action::RecvReduce { peer, .. } => post(&mut counters, (false, peer)),
+                    Action::Recv { peer, .. } | Action::RecvReduce { peer, .. } => {
+                        post(&mut counters, (false, peer))
+                    }
                     _ => 0,
                 })
                 .collect();
-            Rank { bufs: b, done: vec![false; scheds[r].steps.len()], msg_index }
+            Rank {
+                bufs: b,
+                done: vec![false; scheds[r].steps.len()],
+                msg_index,
+            }
         })
         .collect();
     fn post(c: &mut HashMap<(bool, usize), usize>, k: (bool, usize)) -> usize {
@@ -86,39 +99,59 @@ fn simulate(scheds: &[Schedule], bufs: &mut impl FnMut(usize) -> HashMap<BufId, 
                     }
                     allow_send = false;
                 }
-                let read = |rk: &Rank, sp: Span| -> Vec<Val> { rk.bufs[&sp.buf][sp.off..sp.off + sp.len].to_vec() };
+                let read = |rk: &Rank, sp: Span| -> Vec<Val> {
+                    rk.bufs[&sp.buf][sp.off..sp.off + sp.len].to_vec()
+                };
                 let ok = match st.action {
                     Action::Send { peer, src } => {
                         let v = read(&ranks[r], src);
-                        assert!(v.iter().all(|x| x.is_some()), "rank {r} step {i} sends undefined data");
+                        assert!(
+                            v.iter().all(|x| x.is_some()),
+                            "rank {r} step {i} sends undefined data"
+                        );
                         msgs.insert((r, peer, ranks[r].msg_index[i]), v);
                         true
                     }
-                    Action::Recv { peer, dst } => match msgs.remove(&(peer, r, ranks[r].msg_index[i])) {
-                        Some(v) => {
-                            assert_eq!(v.len(), dst.len, "rank {r} step {i}: message length");
-                            ranks[r].bufs.get_mut(&dst.buf).unwrap()[dst.off..dst.off + dst.len].clone_from_slice(&v);
-                            true
+                    Action::Recv { peer, dst } => {
+                        match msgs.remove(&(peer, r, ranks[r].msg_index[i])) {
+                            Some(v) => {
+                                assert_eq!(v.len(), dst.len, "rank {r} step {i}: message length");
+                                ranks[r].bufs.get_mut(&dst.buf).unwrap()
+                                    [dst.off..dst.off + dst.len]
+                                    .clone_from_slice(&v);
+                                true
+                            }
+                            None => false,
                         }
-                        None => false,
-                    },
-                    Action::RecvReduce { peer, dst, with } => match msgs.remove(&(peer, r, ranks[r].msg_index[i])) {
-                        Some(v) => {
-                            assert_eq!(v.len(), dst.len, "rank {r} step {i}: message length");
-                            let w = read(&ranks[r], with);
-                            let out: Vec<Val> = v
-                                .iter()
-                                .zip(&w)
-                                .map(|(a, b)| Some(format!("({}+{})", a.as_ref().unwrap(), b.as_ref().unwrap())))
-                                .collect();
-                            ranks[r].bufs.get_mut(&dst.buf).unwrap()[dst.off..dst.off + dst.len].clone_from_slice(&out);
-                            true
+                    }
+                    Action::RecvReduce { peer, dst, with } => {
+                        match msgs.remove(&(peer, r, ranks[r].msg_index[i])) {
+                            Some(v) => {
+                                assert_eq!(v.len(), dst.len, "rank {r} step {i}: message length");
+                                let w = read(&ranks[r], with);
+                                let out: Vec<Val> = v
+                                    .iter()
+                                    .zip(&w)
+                                    .map(|(a, b)| {
+                                        Some(format!(
+                                            "({}+{})",
+                                            a.as_ref().unwrap(),
+                                            b.as_ref().unwrap()
+                                        ))
+                                    })
+                                    .collect();
+                                ranks[r].bufs.get_mut(&dst.buf).unwrap()
+                                    [dst.off..dst.off + dst.len]
+                                    .clone_from_slice(&out);
+                                true
+                            }
+                            None => false,
                         }
-                        None => false,
-                    },
+                    }
                     Action::Copy { src, dst } => {
                         let v = read(&ranks[r], src);
-                        ranks[r].bufs.get_mut(&dst.buf).unwrap()[dst.off..dst.off + dst.len].clone_from_slice(&v);
+                        ranks[r].bufs.get_mut(&dst.buf).unwrap()[dst.off..dst.off + dst.len]
+                            .clone_from_slice(&v);
                         true
                     }
                     Action::Divide { dst } => {
@@ -143,16 +176,23 @@ fn simulate(scheds: &[Schedule], bufs: &mut impl FnMut(usize) -> HashMap<BufId, 
         }
     }
     for (r, rk) in ranks.iter().enumerate() {
-        assert!(rk.done.iter().all(|d| *d), "rank {r} is stuck: schedules deadlock");
+        assert!(
+            rk.done.iter().all(|d| *d),
+            "rank {r} is stuck: schedules deadlock"
+        );
     }
-    assert!(msgs.is_empty(), "messages never received: {:?}", msgs.keys().collect::<Vec<_>>());
+    assert!(
+        msgs.is_empty(),
+        "messages never received: {:?}",
+        msgs.keys().collect::<Vec<_>>()
+    );
     ranks
 }
 
 /// Sorted leaves of an expression: the contributions it combines.
 fn leaves(e: &str) -> Vec<String> {
     let mut v: Vec<String> = e
-        .split(|c: char| c == '(' || c == ')' || c == '+')
+        .split(['(', ')', '+'])
         .map(|s| s.trim_start_matches("avg").to_string())
         .filter(|s| !s.is_empty())
         .collect();
@@ -177,10 +217,19 @@ fn all_reduce_is_complete_and_identical_everywhere() {
             for chunk in [1, 3, 1000] {
                 for avg in [false, true] {
                     for in_place in [false, true] {
-                        let sc: Vec<Schedule> = (0..n).map(|r| all_reduce(r, n, count, chunk, avg)).collect();
+                        let sc: Vec<Schedule> = (0..n)
+                            .map(|r| all_reduce(r, n, count, chunk, avg))
+                            .collect();
                         let ranks = simulate_all(&sc, |r| {
                             let mut m = HashMap::new();
-                            m.insert(OUTPUT, if in_place { vals(r, count, 0) } else { vec![None; count] });
+                            m.insert(
+                                OUTPUT,
+                                if in_place {
+                                    vals(r, count, 0)
+                                } else {
+                                    vec![None; count]
+                                },
+                            );
                             m.insert(INPUT, vals(r, count, 0));
                             m
                         });
@@ -196,7 +245,11 @@ fn all_reduce_is_complete_and_identical_everywhere() {
                             assert_eq!(leaves(&e0), want, "n={n} count={count} elem {i}: {e0}");
                             assert_eq!(e0.starts_with("avg"), avg && n > 1, "{e0}");
                             for rk in &ranks {
-                                assert_eq!(rk.bufs[&OUTPUT][i].as_ref(), Some(&e0), "ranks differ at {i}");
+                                assert_eq!(
+                                    rk.bufs[&OUTPUT][i].as_ref(),
+                                    Some(&e0),
+                                    "ranks differ at {i}"
+                                );
                             }
                         }
                     }
@@ -211,7 +264,9 @@ fn reduce_scatter_gives_each_rank_its_segment() {
     for n in NS {
         for count in counts(n) {
             for chunk in [2, 1000] {
-                let sc: Vec<Schedule> = (0..n).map(|r| reduce_scatter(r, n, count, chunk, false)).collect();
+                let sc: Vec<Schedule> = (0..n)
+                    .map(|r| reduce_scatter(r, n, count, chunk, false))
+                    .collect();
                 let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, n * count, 0));
@@ -220,9 +275,14 @@ fn reduce_scatter_gives_each_rank_its_segment() {
                 });
                 for (r, rk) in ranks.iter().enumerate() {
                     for i in 0..count {
-                        let mut want: Vec<String> = (0..n).map(|p| leaf(p, r * count + i)).collect();
+                        let mut want: Vec<String> =
+                            (0..n).map(|p| leaf(p, r * count + i)).collect();
                         want.sort();
-                        assert_eq!(leaves(rk.bufs[&OUTPUT][i].as_ref().unwrap()), want, "n={n} c={count} r={r}");
+                        assert_eq!(
+                            leaves(rk.bufs[&OUTPUT][i].as_ref().unwrap()),
+                            want,
+                            "n={n} c={count} r={r}"
+                        );
                     }
                 }
             }
@@ -267,7 +327,9 @@ fn broadcast_and_reduce_from_every_root() {
                 for rk in &ranks {
                     assert_eq!(rk.bufs[&OUTPUT], vals(root, count, 0));
                 }
-                let sc: Vec<Schedule> = (0..n).map(|r| reduce(r, n, count, 3, root, false)).collect();
+                let sc: Vec<Schedule> = (0..n)
+                    .map(|r| reduce(r, n, count, 3, root, false))
+                    .collect();
                 let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, count, 0));
@@ -281,7 +343,10 @@ fn broadcast_and_reduce_from_every_root() {
                 }
                 for (r, rk) in ranks.iter().enumerate() {
                     if r != root {
-                        assert!(rk.bufs[&OUTPUT].iter().all(|v| v.is_none()), "non-root output written");
+                        assert!(
+                            rk.bufs[&OUTPUT].iter().all(|v| v.is_none()),
+                            "non-root output written"
+                        );
                     }
                 }
             }
@@ -294,17 +359,30 @@ fn all_to_all_transposes() {
     for n in NS {
         for count in [0, 1, 5] {
             for in_place in [false, true] {
-                let sc: Vec<Schedule> = (0..n).map(|r| all_to_all(r, n, count, 2, in_place)).collect();
+                let sc: Vec<Schedule> = (0..n)
+                    .map(|r| all_to_all(r, n, count, 2, in_place))
+                    .collect();
                 let ranks = simulate_all(&sc, |r| {
                     let mut m = HashMap::new();
                     m.insert(INPUT, vals(r, n * count, 0));
-                    m.insert(OUTPUT, if in_place { vals(r, n * count, 0) } else { vec![None; n * count] });
+                    m.insert(
+                        OUTPUT,
+                        if in_place {
+                            vals(r, n * count, 0)
+                        } else {
+                            vec![None; n * count]
+                        },
+                    );
                     m
                 });
                 for (r, rk) in ranks.iter().enumerate() {
                     for p in 0..n {
                         for i in 0..count {
-                            assert_eq!(rk.bufs[&OUTPUT][p * count + i], Some(leaf(p, r * count + i)), "n={n} r={r} p={p}");
+                            assert_eq!(
+                                rk.bufs[&OUTPUT][p * count + i],
+                                Some(leaf(p, r * count + i)),
+                                "n={n} r={r} p={p}"
+                            );
                         }
                     }
                 }
@@ -326,7 +404,20 @@ fn barrier_and_p2p_complete() {
     }
     // Ranks 0 and 1 each send to the other and receive, posted send-first
     // on both sides: must complete.
-    let ops = |peer| vec![P2pStep::Send { peer, buf: 2, len: 10 }, P2pStep::Recv { peer, buf: 3, len: 10 }];
+    let ops = |peer| {
+        vec![
+            P2pStep::Send {
+                peer,
+                buf: 2,
+                len: 10,
+            },
+            P2pStep::Recv {
+                peer,
+                buf: 3,
+                len: 10,
+            },
+        ]
+    };
     let sc = vec![p2p(&ops(1), 3), p2p(&ops(0), 3)];
     let ranks = simulate_all(&sc, |r| {
         let mut m = HashMap::new();

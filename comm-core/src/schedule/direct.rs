@@ -14,7 +14,10 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, chunk: usize, in_place: b
     // Self segment.
     if !in_place {
         s.push(
-            Action::Copy { src: Span::new(INPUT, rank * count, count), dst: Span::new(OUTPUT, rank * count, count) },
+            Action::Copy {
+                src: Span::new(INPUT, rank * count, count),
+                dst: Span::new(OUTPUT, rank * count, count),
+            },
             &[],
         );
     }
@@ -23,11 +26,23 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, chunk: usize, in_place: b
         let to = (rank + i) % n;
         let from = (rank + n - i) % n;
         for (off, len) in chunks(to * count, count, chunk) {
-            s.push(Action::Send { peer: to, src: Span::new(INPUT, off, len) }, &[]);
+            s.push(
+                Action::Send {
+                    peer: to,
+                    src: Span::new(INPUT, off, len),
+                },
+                &[],
+            );
         }
         let dst_buf = if in_place { SCRATCH } else { OUTPUT };
         for (off, len) in chunks(from * count, count, chunk) {
-            s.push(Action::Recv { peer: from, dst: Span::new(dst_buf, off, len) }, &[]);
+            s.push(
+                Action::Recv {
+                    peer: from,
+                    dst: Span::new(dst_buf, off, len),
+                },
+                &[],
+            );
         }
     }
     if in_place {
@@ -45,7 +60,10 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, chunk: usize, in_place: b
                 .map(|(i, _)| i as u32)
                 .collect();
             s.push(
-                Action::Copy { src: Span::new(SCRATCH, p * count, count), dst: Span::new(OUTPUT, p * count, count) },
+                Action::Copy {
+                    src: Span::new(SCRATCH, p * count, count),
+                    dst: Span::new(OUTPUT, p * count, count),
+                },
                 &deps,
             );
         }
@@ -71,18 +89,42 @@ pub fn p2p(ops: &[P2pStep], chunk: usize) -> Schedule {
         match *op {
             P2pStep::Send { peer, buf, len } => {
                 if len == 0 {
-                    s.push(Action::Send { peer, src: Span::new(buf, 0, 0) }, &[]);
+                    s.push(
+                        Action::Send {
+                            peer,
+                            src: Span::new(buf, 0, 0),
+                        },
+                        &[],
+                    );
                 }
                 for (off, l) in chunks(0, len, chunk) {
-                    s.push(Action::Send { peer, src: Span::new(buf, off, l) }, &[]);
+                    s.push(
+                        Action::Send {
+                            peer,
+                            src: Span::new(buf, off, l),
+                        },
+                        &[],
+                    );
                 }
             }
             P2pStep::Recv { peer, buf, len } => {
                 if len == 0 {
-                    s.push(Action::Recv { peer, dst: Span::new(buf, 0, 0) }, &[]);
+                    s.push(
+                        Action::Recv {
+                            peer,
+                            dst: Span::new(buf, 0, 0),
+                        },
+                        &[],
+                    );
                 }
                 for (off, l) in chunks(0, len, chunk) {
-                    s.push(Action::Recv { peer, dst: Span::new(buf, off, l) }, &[]);
+                    s.push(
+                        Action::Recv {
+                            peer,
+                            dst: Span::new(buf, off, l),
+                        },
+                        &[],
+                    );
                 }
             }
         }
@@ -99,10 +141,21 @@ pub fn barrier(rank: usize, n: usize) -> Schedule {
     let mut last: Option<u32> = None;
     while dist < n {
         let deps: Vec<u32> = last.into_iter().collect();
-        s.push(Action::Send { peer: (rank + dist) % n, src: Span::new(INPUT, 0, 0) }, &deps);
-        last = Some(s.push(Action::Recv { peer: (rank + n - dist) % n, dst: Span::new(OUTPUT, 0, 0) }, &[]));
+        s.push(
+            Action::Send {
+                peer: (rank + dist) % n,
+                src: Span::new(INPUT, 0, 0),
+            },
+            &deps,
+        );
+        last = Some(s.push(
+            Action::Recv {
+                peer: (rank + n - dist) % n,
+                dst: Span::new(OUTPUT, 0, 0),
+            },
+            &[],
+        ));
         dist *= 2;
     }
     s
 }
-

@@ -78,7 +78,10 @@ pub struct Schedule {
 impl Schedule {
     /// Append a step; returns its index for later `deps`.
     pub fn push(&mut self, action: Action, deps: &[u32]) -> u32 {
-        self.steps.push(Step { action, deps: deps.to_vec() });
+        self.steps.push(Step {
+            action,
+            deps: deps.to_vec(),
+        });
         (self.steps.len() - 1) as u32
     }
 }

@@ -46,14 +46,24 @@ fn rs_phase(
         };
         // Send: the input's segment at step 0, then the partial received at step-1.
         let src = if step == 0 {
-            Span::new(INPUT, seg_off(count, n, send_seg), seg_len(count, n, send_seg))
+            Span::new(
+                INPUT,
+                seg_off(count, n, send_seg),
+                seg_len(count, n, send_seg),
+            )
         } else {
             where_partial(send_seg, step - 1)
         };
         let mut sends = Vec::new();
         for (j, (off, len)) in chunks(0, src.len, chunk).enumerate() {
             let deps: Vec<u32> = prev_recv.get(j).copied().into_iter().collect();
-            sends.push(s.push(Action::Send { peer: next, src: Span::new(src.buf, src.off + off, len) }, &deps));
+            sends.push(s.push(
+                Action::Send {
+                    peer: next,
+                    src: Span::new(src.buf, src.off + off, len),
+                },
+                &deps,
+            ));
         }
         let dst = where_partial(recv_seg, step);
         let with_off = seg_off(count, n, recv_seg);
@@ -92,11 +102,25 @@ fn ag_phase(s: &mut Schedule, rank: usize, n: usize, count: usize, chunk: usize,
         let (so, sl) = (seg_off(count, n, send_seg), seg_len(count, n, send_seg));
         for (j, (off, len)) in chunks(so, sl, chunk).enumerate() {
             let deps: Vec<u32> = prev_recv.get(j).copied().into_iter().collect();
-            s.push(Action::Send { peer: next, src: Span::new(OUTPUT, off, len) }, &deps);
+            s.push(
+                Action::Send {
+                    peer: next,
+                    src: Span::new(OUTPUT, off, len),
+                },
+                &deps,
+            );
         }
         let (ro, rl) = (seg_off(count, n, recv_seg), seg_len(count, n, recv_seg));
         prev_recv = chunks(ro, rl, chunk)
-            .map(|(off, len)| s.push(Action::Recv { peer: prev, dst: Span::new(OUTPUT, off, len) }, &[]))
+            .map(|(off, len)| {
+                s.push(
+                    Action::Recv {
+                        peer: prev,
+                        dst: Span::new(OUTPUT, off, len),
+                    },
+                    &[],
+                )
+            })
             .collect();
     }
 }
@@ -105,7 +129,13 @@ fn ag_phase(s: &mut Schedule, rank: usize, n: usize, count: usize, chunk: usize,
 pub fn all_reduce(rank: usize, n: usize, count: usize, chunk: usize, avg: bool) -> Schedule {
     let mut s = Schedule::default();
     if n == 1 {
-        s.push(Action::Copy { src: Span::new(INPUT, 0, count), dst: Span::new(OUTPUT, 0, count) }, &[]);
+        s.push(
+            Action::Copy {
+                src: Span::new(INPUT, 0, count),
+                dst: Span::new(OUTPUT, 0, count),
+            },
+            &[],
+        );
         return s;
     }
     let mine = Span::new(OUTPUT, seg_off(count, n, rank), seg_len(count, n, rank));
@@ -113,7 +143,14 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, chunk: usize, avg: bool) 
     if avg {
         done = chunks(mine.off, mine.len, chunk)
             .zip(done)
-            .map(|((off, len), d)| s.push(Action::Divide { dst: Span::new(OUTPUT, off, len) }, &[d]))
+            .map(|((off, len), d)| {
+                s.push(
+                    Action::Divide {
+                        dst: Span::new(OUTPUT, off, len),
+                    },
+                    &[d],
+                )
+            })
             .collect();
     }
     ag_phase(&mut s, rank, n, count, chunk, &done);
@@ -127,14 +164,33 @@ pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk: usize, avg: bo
     let mut s = Schedule::default();
     let total = n * count;
     if n == 1 {
-        s.push(Action::Copy { src: Span::new(INPUT, 0, count), dst: Span::new(OUTPUT, 0, count) }, &[]);
+        s.push(
+            Action::Copy {
+                src: Span::new(INPUT, 0, count),
+                dst: Span::new(OUTPUT, 0, count),
+            },
+            &[],
+        );
         return s;
     }
     s.scratch = if n > 2 { 2 * count } else { 0 };
-    let done = rs_phase(&mut s, rank, n, total, chunk, true, Span::new(OUTPUT, 0, count));
+    let done = rs_phase(
+        &mut s,
+        rank,
+        n,
+        total,
+        chunk,
+        true,
+        Span::new(OUTPUT, 0, count),
+    );
     if avg {
         for ((off, len), d) in chunks(0, count, chunk).zip(done) {
-            s.push(Action::Divide { dst: Span::new(OUTPUT, off, len) }, &[d]);
+            s.push(
+                Action::Divide {
+                    dst: Span::new(OUTPUT, off, len),
+                },
+                &[d],
+            );
         }
     }
     s
@@ -145,7 +201,13 @@ pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk: usize, avg: bo
 pub fn all_gather(rank: usize, n: usize, count: usize, chunk: usize) -> Schedule {
     let mut s = Schedule::default();
     let own = Span::new(OUTPUT, rank * count, count);
-    let copy = s.push(Action::Copy { src: Span::new(INPUT, 0, count), dst: own }, &[]);
+    let copy = s.push(
+        Action::Copy {
+            src: Span::new(INPUT, 0, count),
+            dst: own,
+        },
+        &[],
+    );
     if n > 1 {
         let ready: Vec<u32> = chunks(0, count, chunk).map(|_| copy).collect();
         ag_phase(&mut s, rank, n, n * count, chunk, &ready);

@@ -13,7 +13,10 @@ use oxccl::selftest::{run_matrix, standard_counts};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 fn epoch_ms() -> u128 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
 }
 
 fn fail(e: impl std::fmt::Display) -> ! {
@@ -22,7 +25,8 @@ fn fail(e: impl std::fmt::Display) -> ! {
 }
 
 fn bytes_arg(a: Option<&String>, default: usize) -> usize {
-    a.map(|s| oxccl::comm_config_bytes(s).unwrap_or_else(|| fail(format!("bad size {s:?}")))).unwrap_or(default)
+    a.map(|s| oxccl::comm_config_bytes(s).unwrap_or_else(|| fail(format!("bad size {s:?}"))))
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -49,7 +53,8 @@ fn main() {
         }
         "init" => {
             let mut t = [init_s];
-            comm.all_reduce_in_place(&mut t, ReduceOp::Max).unwrap_or_else(|e| fail(e));
+            comm.all_reduce_in_place(&mut t, ReduceOp::Max)
+                .unwrap_or_else(|e| fail(e));
             if rank == 0 {
                 println!("init of {n} ranks: slowest rank {:.1} ms", t[0] * 1e3);
             }
@@ -59,14 +64,17 @@ fn main() {
             let iters: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
             let count = bytes / 4;
             let mut buf = vec![1.0f32; count];
-            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap_or_else(|e| fail(e)); // warm-up
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                .unwrap_or_else(|e| fail(e)); // warm-up
             comm.barrier().unwrap_or_else(|e| fail(e));
             let t = Instant::now();
             for _ in 0..iters {
-                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).unwrap_or_else(|e| fail(e));
+                comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+                    .unwrap_or_else(|e| fail(e));
             }
             let mut dt = [t.elapsed().as_secs_f64() / iters as f64];
-            comm.all_reduce_in_place(&mut dt, ReduceOp::Max).unwrap_or_else(|e| fail(e));
+            comm.all_reduce_in_place(&mut dt, ReduceOp::Max)
+                .unwrap_or_else(|e| fail(e));
             if rank == 0 {
                 let algbw = (count * 4) as f64 / dt[0] / 1e9;
                 let busbw = algbw * 2.0 * (n as f64 - 1.0) / n as f64;
@@ -84,7 +92,11 @@ fn main() {
             let mut i = 0u64;
             loop {
                 if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
-                    println!("ERROR {rank} {} {}", epoch_ms(), e.blamed_rank().map_or(-1, |r| r as i64));
+                    println!(
+                        "ERROR {rank} {} {}",
+                        epoch_ms(),
+                        e.blamed_rank().map_or(-1, |r| r as i64)
+                    );
                     println!("DETAIL {rank} {e:?}");
                     std::process::exit(3);
                 }
@@ -105,11 +117,17 @@ fn main() {
                     unsafe { libc::raise(libc::SIGKILL) };
                 }
                 if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
-                    println!("ERROR {rank} {} {}", epoch_ms(), e.blamed_rank().map_or(-1, |r| r as i64));
+                    println!(
+                        "ERROR {rank} {} {}",
+                        epoch_ms(),
+                        e.blamed_rank().map_or(-1, |r| r as i64)
+                    );
                     std::process::exit(3);
                 }
             }
         }
-        other => fail(format!("unknown mode {other:?} (matrix, init, allreduce, loop, die)")),
+        other => fail(format!(
+            "unknown mode {other:?} (matrix, init, allreduce, loop, die)"
+        )),
     }
 }

@@ -44,11 +44,17 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
         match a.as_str() {
             "-n" | "-np" | "--np" | "--nproc-per-node" => {
                 let v = it.next().ok_or("missing value for -n")?;
-                n = Some(v.parse::<usize>().map_err(|_| format!("-n {v:?} is not a number"))?);
+                n = Some(
+                    v.parse::<usize>()
+                        .map_err(|_| format!("-n {v:?} is not a number"))?,
+                );
             }
             "--kill-after" => {
                 let v = it.next().ok_or("missing value for --kill-after")?;
-                kill_after = Duration::from_secs_f64(v.parse::<f64>().map_err(|_| format!("--kill-after {v:?}"))?);
+                kill_after = Duration::from_secs_f64(
+                    v.parse::<f64>()
+                        .map_err(|_| format!("--kill-after {v:?}"))?,
+                );
             }
             "--no-prefix" => prefix = false,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -56,7 +62,9 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
                 rest.extend(it.by_ref());
                 break;
             }
-            s if s.starts_with('-') && rest.is_empty() => return Err(format!("unknown option {s}\n{USAGE}")),
+            s if s.starts_with('-') && rest.is_empty() => {
+                return Err(format!("unknown option {s}\n{USAGE}"))
+            }
             _ => {
                 rest.push(a);
                 rest.extend(it.by_ref());
@@ -72,20 +80,33 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
         return Err(format!("missing PROGRAM\n{USAGE}"));
     }
     let program = rest.remove(0);
-    Ok(Opts { n, kill_after, prefix, program, args: rest })
+    Ok(Opts {
+        n,
+        kill_after,
+        prefix,
+        program,
+        args: rest,
+    })
 }
 
 fn describe(status: ExitStatus) -> String {
     if let Some(sig) = status.signal() {
         // SAFETY: strsignal returns a pointer to a static or thread-local string.
-        let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }.to_string_lossy().into_owned();
+        let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }
+            .to_string_lossy()
+            .into_owned();
         format!("was killed by signal {sig} ({name})")
     } else {
         format!("exited with status {}", status.code().unwrap_or(-1))
     }
 }
 
-fn pump(rank: usize, prefix: bool, src: impl std::io::Read + Send + 'static, to_err: bool) -> std::thread::JoinHandle<()> {
+fn pump(
+    rank: usize,
+    prefix: bool,
+    src: impl std::io::Read + Send + 'static,
+    to_err: bool,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut r = BufReader::new(src);
         let mut line = Vec::new();
@@ -175,7 +196,10 @@ fn main() {
                 children.push(Some(c));
             }
             Err(e) => {
-                eprintln!("oxrun: cannot start {:?} for rank {rank}: {e}", opts.program);
+                eprintln!(
+                    "oxrun: cannot start {:?} for rank {rank}: {e}",
+                    opts.program
+                );
                 signal_all(&mut children, libc::SIGKILL);
                 std::process::exit(2);
             }
@@ -196,12 +220,14 @@ fn main() {
         // failed at once, the ones killed by a signal are the likely cause
         // (the others usually exit with an error in reaction): report them first.
         let mut failed: Vec<(usize, u32, ExitStatus)> = Vec::new();
-        for rank in 0..n {
-            let Some(c) = children[rank].as_mut() else { continue };
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(c) = slot.as_mut() else {
+                continue;
+            };
             match c.try_wait() {
                 Ok(Some(status)) => {
                     let pid = c.id();
-                    children[rank] = None;
+                    *slot = None;
                     running -= 1;
                     if !status.success() {
                         failed.push((rank, pid, status));
@@ -210,7 +236,7 @@ fn main() {
                 Ok(None) => {}
                 Err(e) => {
                     eprintln!("oxrun: waiting for rank {rank}: {e}");
-                    children[rank] = None;
+                    *slot = None;
                     running -= 1;
                 }
             }
@@ -218,7 +244,10 @@ fn main() {
         failed.sort_by_key(|(rank, _, st)| (st.signal().is_none(), *rank));
         for (i, (rank, pid, status)) in failed.iter().enumerate() {
             if stopping.is_none() && i == 0 {
-                eprintln!("oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks", describe(*status));
+                eprintln!(
+                    "oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks",
+                    describe(*status)
+                );
                 exit_code = status.code().filter(|c| *c != 0).unwrap_or(1);
                 signal_all(&mut children, libc::SIGTERM);
                 stopping = Some(Instant::now());
@@ -230,7 +259,10 @@ fn main() {
             if t.elapsed() > opts.kill_after {
                 let left: Vec<usize> = (0..n).filter(|r| children[*r].is_some()).collect();
                 if !left.is_empty() {
-                    eprintln!("oxrun: ranks {left:?} did not stop within {:?}; killing them", opts.kill_after);
+                    eprintln!(
+                        "oxrun: ranks {left:?} did not stop within {:?}; killing them",
+                        opts.kill_after
+                    );
                     signal_all(&mut children, libc::SIGKILL);
                 }
                 stopping = Some(Instant::now() + Duration::from_secs(3600));

@@ -8,7 +8,11 @@ use std::time::Duration;
 /// Configuration for tests: loopback only, a deadline that turns a hang
 /// into a failure.
 pub fn test_config() -> Config {
-    Config { socket_ifname: Some("lo".into()), timeout: Duration::from_secs(120), ..Config::default() }
+    Config {
+        socket_ifname: Some("lo".into()),
+        timeout: Duration::from_secs(120),
+        ..Config::default()
+    }
 }
 
 /// Run `f` on `n` ranks (one thread each) of a fresh communicator.
@@ -21,7 +25,8 @@ pub fn with_ranks<R: Send>(n: usize, cfg: Config, f: impl Fn(Communicator) -> R 
                 s.spawn(move || f(Communicator::init_with_config(id, r, n, cfg).expect("init")))
             })
             .collect();
-        hs.into_iter().map(|h| h.join().expect("rank panicked")).collect()
+        hs.into_iter()
+            .map(|h| h.join().expect("rank panicked"))
+            .collect()
     })
 }
-
