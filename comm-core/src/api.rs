@@ -157,7 +157,11 @@ impl Communicator {
         }
     }
 
-    fn coll_bytes(
+    /// The untyped entry for bindings: run collective `kind` on byte
+    /// buffers holding `dtype` elements (aligned for it). `send: None` means
+    /// in place on `recv`; `op` and `root` are ignored where they do not
+    /// apply. Buffer sizes follow the typed methods of the same kind.
+    pub fn collective_bytes(
         &self,
         kind: Kind,
         send: Option<&[u8]>,
@@ -205,85 +209,44 @@ impl Communicator {
         self.run(|inner, st| run_coll(inner, st, &c, send_spec, recv_spec))
     }
 
-    // ---------------------------------------------------------- untyped --
-
-    /// Untyped all-reduce; `send: None` means in place on `recv`.
-    pub fn all_reduce_bytes(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.coll_bytes(Kind::AllReduce, send, recv, dtype, op, 0)
-    }
-    /// Untyped all-gather; `send: None` means in place.
-    pub fn all_gather_bytes(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        dtype: DataType,
-    ) -> Result<()> {
-        self.coll_bytes(Kind::AllGather, send, recv, dtype, ReduceOp::Sum, 0)
-    }
-    /// Untyped reduce-scatter; `send: None` means in place.
-    pub fn reduce_scatter_bytes(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.coll_bytes(Kind::ReduceScatter, send, recv, dtype, op, 0)
-    }
-    /// Untyped broadcast; `send: None` means in place.
-    pub fn broadcast_bytes(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        dtype: DataType,
-        root: usize,
-    ) -> Result<()> {
-        self.coll_bytes(Kind::Broadcast, send, recv, dtype, ReduceOp::Sum, root)
-    }
-    /// Untyped reduce; `send: None` means in place.
-    pub fn reduce_bytes(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        self.coll_bytes(Kind::Reduce, send, recv, dtype, op, root)
-    }
-    /// Untyped all-to-all; `send: None` means in place.
-    pub fn all_to_all_bytes(
-        &self,
-        send: Option<&[u8]>,
-        recv: &mut [u8],
-        dtype: DataType,
-    ) -> Result<()> {
-        self.coll_bytes(Kind::AllToAll, send, recv, dtype, ReduceOp::Sum, 0)
-    }
-
     // ------------------------------------------------------------ typed --
 
     /// `recv = op over ranks of send` (`ncclAllReduce`).
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        self.all_reduce_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE, op)
+        self.collective_bytes(
+            Kind::AllReduce,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            op,
+            0,
+        )
     }
     /// In-place all-reduce.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        self.all_reduce_bytes(None, as_bytes_mut(buf), T::DTYPE, op)
+        self.collective_bytes(Kind::AllReduce, None, as_bytes_mut(buf), T::DTYPE, op, 0)
     }
     /// `recv[k*len..] = send of rank k` (`recv.len() == nranks * send.len()`).
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.all_gather_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE)
+        self.collective_bytes(
+            Kind::AllGather,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
     }
     /// In-place all-gather: this rank's part is already at `buf[rank*len..]`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        self.all_gather_bytes(None, as_bytes_mut(buf), T::DTYPE)
+        self.collective_bytes(
+            Kind::AllGather,
+            None,
+            as_bytes_mut(buf),
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
     }
     /// `recv = op over ranks of send[rank*len..]` (`send.len() == nranks * recv.len()`).
     pub fn reduce_scatter<T: Element>(
@@ -292,20 +255,48 @@ impl Communicator {
         recv: &mut [T],
         op: ReduceOp,
     ) -> Result<()> {
-        self.reduce_scatter_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE, op)
+        self.collective_bytes(
+            Kind::ReduceScatter,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            op,
+            0,
+        )
     }
     /// In-place reduce-scatter: the result lands at `buf[rank*len..(rank+1)*len]`;
     /// the rest of `buf` is left as it was.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        self.reduce_scatter_bytes(None, as_bytes_mut(buf), T::DTYPE, op)
+        self.collective_bytes(
+            Kind::ReduceScatter,
+            None,
+            as_bytes_mut(buf),
+            T::DTYPE,
+            op,
+            0,
+        )
     }
     /// `recv = send of root` (`send` is read only at the root; pass `&[]` elsewhere).
     pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        self.broadcast_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE, root)
+        self.collective_bytes(
+            Kind::Broadcast,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            ReduceOp::Sum,
+            root,
+        )
     }
     /// In-place broadcast (`ncclBcast`).
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        self.broadcast_bytes(None, as_bytes_mut(buf), T::DTYPE, root)
+        self.collective_bytes(
+            Kind::Broadcast,
+            None,
+            as_bytes_mut(buf),
+            T::DTYPE,
+            ReduceOp::Sum,
+            root,
+        )
     }
     /// At the root, `recv = op over ranks of send`; `recv` is ignored elsewhere (pass `&mut []`).
     pub fn reduce<T: Element>(
@@ -315,7 +306,14 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.reduce_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE, op, root)
+        self.collective_bytes(
+            Kind::Reduce,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            op,
+            root,
+        )
     }
     /// In-place reduce: the root's buffer gets the result, others are untouched.
     pub fn reduce_in_place<T: Element>(
@@ -324,15 +322,29 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.reduce_bytes(None, as_bytes_mut(buf), T::DTYPE, op, root)
+        self.collective_bytes(Kind::Reduce, None, as_bytes_mut(buf), T::DTYPE, op, root)
     }
     /// `recv[k*c..]` of this rank = `send[rank*c..]` of rank k, with `c = len / nranks`.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.all_to_all_bytes(Some(as_bytes(send)), as_bytes_mut(recv), T::DTYPE)
+        self.collective_bytes(
+            Kind::AllToAll,
+            Some(as_bytes(send)),
+            as_bytes_mut(recv),
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
     }
     /// In-place all-to-all.
     pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        self.all_to_all_bytes(None, as_bytes_mut(buf), T::DTYPE)
+        self.collective_bytes(
+            Kind::AllToAll,
+            None,
+            as_bytes_mut(buf),
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+        )
     }
     /// Wait until every rank has called `barrier`.
     pub fn barrier(&self) -> Result<()> {

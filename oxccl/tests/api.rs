@@ -142,7 +142,14 @@ fn bad_arguments_are_typed_errors_and_leave_the_communicator_usable() {
         let bytes = [0u8; 7];
         let mut rb = [0u8; 7];
         assert!(matches!(
-            c.all_reduce_bytes(Some(&bytes), &mut rb, DataType::F32, ReduceOp::Sum),
+            c.collective_bytes(
+                oxccl::Kind::AllReduce,
+                Some(&bytes),
+                &mut rb,
+                DataType::F32,
+                ReduceOp::Sum,
+                0
+            ),
             Err(Error::InvalidArgument(_))
         ));
         // Still works.
@@ -263,4 +270,38 @@ fn one_rank_communicator_just_copies() {
         assert_eq!(out, [4, 5, 6]);
         c.barrier().unwrap();
     });
+}
+
+#[test]
+fn float_results_are_bitwise_identical_on_every_rank() {
+    // Inexact data (random-looking floats): the sum depends on the order,
+    // yet every rank must end with the very same bits.
+    let n = 5;
+    let results = with_ranks(n, test_config(), |c| {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64 ^ ((c.rank() as u64 + 1) * 0x1234_5678);
+        let mut v: Vec<f32> = (0..300_007)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed % 1_000_000) as f32 / 7.3 - 50_000.0
+            })
+            .collect();
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        // Also compare through the library itself: gather every rank's hash.
+        let mut all = vec![0u64; n];
+        c.all_gather(&[fnv_hash(&v)], &mut all).unwrap();
+        (v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>(), all)
+    });
+    for (bits, _) in &results[1..] {
+        assert!(bits == &results[0].0, "ranks disagree bitwise");
+    }
+    let hashes = &results[0].1;
+    assert!(hashes.iter().all(|h| *h == hashes[0]));
+}
+
+fn fnv_hash(v: &[f32]) -> u64 {
+    v.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }

@@ -13,13 +13,7 @@ pub fn broadcast(rank: usize, n: usize, count: usize, chunk: usize, root: usize)
     let next = (rank + 1) % n;
     let prev = (rank + n - 1) % n;
     if pos == 0 {
-        s.push(
-            Action::Copy {
-                src: Span::new(INPUT, 0, count),
-                dst: Span::new(OUTPUT, 0, count),
-            },
-            &[],
-        );
+        s = Schedule::copy_all(count);
         if n > 1 {
             for (off, len) in chunks(0, count, chunk) {
                 s.push(
@@ -69,14 +63,7 @@ pub fn reduce(
 ) -> Schedule {
     let mut s = Schedule::default();
     if n == 1 {
-        s.push(
-            Action::Copy {
-                src: Span::new(INPUT, 0, count),
-                dst: Span::new(OUTPUT, 0, count),
-            },
-            &[],
-        );
-        return s;
+        return Schedule::copy_all(count);
     }
     let pos = sub_mod(rank, root + 1, n);
     let next = (rank + 1) % n;

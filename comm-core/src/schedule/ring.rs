@@ -129,14 +129,7 @@ fn ag_phase(s: &mut Schedule, rank: usize, n: usize, count: usize, chunk: usize,
 pub fn all_reduce(rank: usize, n: usize, count: usize, chunk: usize, avg: bool) -> Schedule {
     let mut s = Schedule::default();
     if n == 1 {
-        s.push(
-            Action::Copy {
-                src: Span::new(INPUT, 0, count),
-                dst: Span::new(OUTPUT, 0, count),
-            },
-            &[],
-        );
-        return s;
+        return Schedule::copy_all(count);
     }
     let mine = Span::new(OUTPUT, seg_off(count, n, rank), seg_len(count, n, rank));
     let mut done = rs_phase(&mut s, rank, n, count, chunk, false, mine);
@@ -164,14 +157,7 @@ pub fn reduce_scatter(rank: usize, n: usize, count: usize, chunk: usize, avg: bo
     let mut s = Schedule::default();
     let total = n * count;
     if n == 1 {
-        s.push(
-            Action::Copy {
-                src: Span::new(INPUT, 0, count),
-                dst: Span::new(OUTPUT, 0, count),
-            },
-            &[],
-        );
-        return s;
+        return Schedule::copy_all(count);
     }
     s.scratch = if n > 2 { 2 * count } else { 0 };
     let done = rs_phase(
