@@ -28,6 +28,7 @@ pub use comm_core::{
 };
 pub use comm_core::{schedule, transport};
 
+pub mod launch;
 pub mod selftest;
 
 /// The connection handshake, for tools and tests that speak to oxccl ports.

@@ -1,0 +1,257 @@
+//! Starting N local ranks of a program: the engine behind `oxrun` and the
+//! benchmarks' `--np`. Each rank gets the environment a communicator needs
+//! (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, the same as
+//! `OXCCL_*`, and `OXCCL_UNIQUE_ID` of a root hosted by this process); output
+//! lines are passed through with a `[rank]` prefix; when a rank fails, the
+//! failure is reported (which rank, exit status or signal), the others are
+//! stopped (SIGTERM, then SIGKILL) and the launch returns non-zero.
+
+use crate::{Config, UniqueId};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How rank output reaches this process's stdout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Every line of every rank, prefixed with `[rank] `.
+    Prefixed,
+    /// Every line of every rank, as is.
+    Plain,
+    /// Rank 0's stdout as is (byte-exact, for tools whose output is parsed),
+    /// other ranks' stdout dropped; every stderr line prefixed.
+    Rank0,
+}
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub nranks: usize,
+    pub program: String,
+    pub args: Vec<String>,
+    pub output: Output,
+    /// Grace between SIGTERM and SIGKILL when stopping ranks.
+    pub kill_after: Duration,
+    /// Extra environment for every rank.
+    pub env: Vec<(String, String)>,
+}
+
+/// Whether this process already runs as a rank under some launcher.
+pub fn under_launcher() -> bool {
+    [
+        "OXCCL_RANK",
+        "RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+static SIGNALLED: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    SIGNALLED.store(sig, Ordering::SeqCst);
+}
+
+fn describe(status: ExitStatus) -> String {
+    if let Some(sig) = status.signal() {
+        // SAFETY: strsignal returns a pointer to a static or thread-local string.
+        let name = unsafe { std::ffi::CStr::from_ptr(libc::strsignal(sig)) }
+            .to_string_lossy()
+            .into_owned();
+        format!("was killed by signal {sig} ({name})")
+    } else {
+        format!("exited with status {}", status.code().unwrap_or(-1))
+    }
+}
+
+fn pump(
+    rank: usize,
+    prefix: bool,
+    src: impl std::io::Read + Send + 'static,
+    to_err: bool,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(src);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    let mut out: Vec<u8> = Vec::with_capacity(line.len() + 8);
+                    if prefix {
+                        out.extend_from_slice(format!("[{rank}] ").as_bytes());
+                    }
+                    out.extend_from_slice(&line);
+                    if !out.ends_with(b"\n") {
+                        out.push(b'\n');
+                    }
+                    // One write per line under the lock: lines never interleave.
+                    if to_err {
+                        let _ = std::io::stderr().lock().write_all(&out);
+                    } else {
+                        let _ = std::io::stdout().lock().write_all(&out);
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn signal_all(children: &mut [Option<Child>], sig: i32) {
+    for c in children.iter().flatten() {
+        // SAFETY: sending a signal to a child we spawned and have not reaped.
+        unsafe { libc::kill(c.id() as i32, sig) };
+    }
+}
+
+/// Run the ranks to completion; returns the exit code for this process
+/// (0 when every rank succeeded).
+pub fn run(l: &Launch) -> i32 {
+    // SAFETY: installing an async-signal-safe handler that only stores an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let mut config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("oxrun: {e}");
+            return 2;
+        }
+    };
+    // One host: keep the job on loopback unless told otherwise.
+    let pin_loopback = config.socket_ifname.is_none();
+    if pin_loopback {
+        config.socket_ifname = Some("lo".into());
+    }
+    let id = match UniqueId::with_config(&config) {
+        Ok(id) => id,
+        Err(e) => {
+            eprintln!("oxrun: cannot start the rendezvous root: {e}");
+            return 2;
+        }
+    };
+    let n = l.nranks;
+    let mut children: Vec<Option<Child>> = Vec::new();
+    let mut pumps = Vec::new();
+    for rank in 0..n {
+        let mut cmd = Command::new(&l.program);
+        cmd.args(&l.args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("OXCCL_RANK", rank.to_string())
+            .env("OXCCL_WORLD_SIZE", n.to_string())
+            .env("OXCCL_LOCAL_RANK", rank.to_string())
+            .env("OXCCL_UNIQUE_ID", id.to_string())
+            .env("OXRUN", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if pin_loopback {
+            cmd.env("OXCCL_SOCKET_IFNAME", "lo");
+        }
+        for (k, v) in &l.env {
+            cmd.env(k, v);
+        }
+        match cmd.spawn() {
+            Ok(mut c) => {
+                let (out_mode, err_prefix) = match l.output {
+                    Output::Prefixed => (Some(true), true),
+                    Output::Plain => (Some(false), false),
+                    Output::Rank0 => (if rank == 0 { Some(false) } else { None }, true),
+                };
+                let out = c.stdout.take().unwrap();
+                match out_mode {
+                    Some(prefix) => pumps.push(pump(rank, prefix, out, false)),
+                    None => pumps.push(std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut { out }, &mut std::io::sink());
+                    })),
+                }
+                pumps.push(pump(rank, err_prefix, c.stderr.take().unwrap(), true));
+                children.push(Some(c));
+            }
+            Err(e) => {
+                eprintln!("oxrun: cannot start {:?} for rank {rank}: {e}", l.program);
+                signal_all(&mut children, libc::SIGKILL);
+                return 2;
+            }
+        }
+    }
+    let mut exit_code = 0;
+    let mut stopping: Option<Instant> = None;
+    let mut running = n;
+    while running > 0 {
+        let sig = SIGNALLED.swap(0, Ordering::SeqCst);
+        if sig != 0 {
+            eprintln!("oxrun: received signal {sig}, stopping all ranks");
+            signal_all(&mut children, libc::SIGTERM);
+            stopping.get_or_insert_with(Instant::now);
+            exit_code = 128 + sig;
+        }
+        // Reap everything that ended since the last look. When several ranks
+        // failed at once, the ones killed by a signal are the likely cause
+        // (the others usually exit with an error in reaction): report them first.
+        let mut failed: Vec<(usize, u32, ExitStatus)> = Vec::new();
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(c) = slot.as_mut() else {
+                continue;
+            };
+            match c.try_wait() {
+                Ok(Some(status)) => {
+                    let pid = c.id();
+                    *slot = None;
+                    running -= 1;
+                    if !status.success() {
+                        failed.push((rank, pid, status));
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    eprintln!("oxrun: waiting for rank {rank}: {e}");
+                    *slot = None;
+                    running -= 1;
+                }
+            }
+        }
+        failed.sort_by_key(|(rank, _, st)| (st.signal().is_none(), *rank));
+        for (i, (rank, pid, status)) in failed.iter().enumerate() {
+            if stopping.is_none() && i == 0 {
+                eprintln!(
+                    "oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks",
+                    describe(*status)
+                );
+                exit_code = status.code().filter(|c| *c != 0).unwrap_or(1);
+                signal_all(&mut children, libc::SIGTERM);
+                stopping = Some(Instant::now());
+            } else {
+                eprintln!("oxrun: rank {rank} (pid {pid}) {}", describe(*status));
+            }
+        }
+        if let Some(t) = stopping {
+            if t.elapsed() > l.kill_after {
+                let left: Vec<usize> = (0..n).filter(|r| children[*r].is_some()).collect();
+                if !left.is_empty() {
+                    eprintln!(
+                        "oxrun: ranks {left:?} did not stop within {:?}; killing them",
+                        l.kill_after
+                    );
+                    signal_all(&mut children, libc::SIGKILL);
+                }
+                stopping = Some(Instant::now() + Duration::from_secs(3600));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in pumps {
+        let _ = p.join();
+    }
+    exit_code
+}
