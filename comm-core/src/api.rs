@@ -392,6 +392,20 @@ impl Communicator {
         self.group(vec![P2p::Send(send, to), P2p::Recv(recv, from)])
     }
 
+    /// Send `buf` to `to` and replace its contents with what `from` sends
+    /// (`MPI_Sendrecv_replace`): the incoming data is staged, then copied.
+    pub fn send_recv_replace<T: Element>(
+        &self,
+        buf: &mut [T],
+        to: usize,
+        from: usize,
+    ) -> Result<()> {
+        let mut incoming = vec![T::default(); buf.len()];
+        self.group(vec![P2p::Send(buf, to), P2p::Recv(&mut incoming, from)])?;
+        buf.copy_from_slice(&incoming);
+        Ok(())
+    }
+
     /// Run several sends and receives together (`ncclGroupStart/End`
     /// around send/recv): they progress concurrently, so any pattern that
     /// is matched on both sides completes. Operations with the same peer

@@ -125,3 +125,10 @@ pub fn comm_config_bytes(s: &str) -> Option<usize> {
 pub fn comm_core_secret() -> comm_core::handshake::Secret {
     comm_core::handshake::Secret::random().expect("OS randomness")
 }
+
+pub use comm_core::with_dtype;
+
+/// The instruction set the reduction kernels run with on this machine.
+pub fn kernel_isa() -> kernels::Isa {
+    kernels::Isa::detect()
+}

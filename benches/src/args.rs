@@ -1,0 +1,290 @@
+//! Command-line flags: nccl-tests' with their meanings and defaults, plus
+//! oxccl's additions.
+
+use oxccl::{DataType, ReduceOp};
+
+/// Parsed flags.
+#[derive(Clone, Debug)]
+pub struct Args {
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    /// Multiply by this between sizes (`-f`); 0 when `-i` is used.
+    pub step_factor: usize,
+    /// Add this between sizes (`-i`).
+    pub step_bytes: usize,
+    pub iters: usize,
+    pub warmup_iters: usize,
+    pub agg_iters: usize,
+    pub check: bool,
+    pub dtypes: Vec<DataType>,
+    pub ops: Vec<ReduceOp>,
+    pub root: usize,
+    /// 0: rank 0's time, 1: average, 2: minimum, 3: maximum.
+    pub average: u8,
+    pub blocking: bool,
+    /// Seconds (`-T`), 0 = library default.
+    pub timeout: f64,
+    pub json: Option<String>,
+    /// 0 = forever.
+    pub run_cycles: usize,
+    pub np: Option<usize>,
+    pub transport: Option<String>,
+    pub algo: Option<String>,
+    pub registered: bool,
+    pub plot: Option<String>,
+    /// Machine limit (GB/s) drawn on the plot.
+    pub limit: Option<f64>,
+    pub csv: Option<String>,
+    /// Debug: this rank corrupts one element of every checked result.
+    pub corrupt_rank: Option<usize>,
+}
+
+impl Default for Args {
+    fn default() -> Args {
+        Args {
+            min_bytes: 32 << 20,
+            max_bytes: 32 << 20,
+            step_factor: 1,
+            step_bytes: 1 << 20,
+            iters: 20,
+            warmup_iters: 1,
+            agg_iters: 1,
+            check: true,
+            dtypes: vec![DataType::F32],
+            ops: vec![ReduceOp::Sum],
+            root: 0,
+            average: 1,
+            blocking: false,
+            timeout: 0.0,
+            json: None,
+            run_cycles: 1,
+            np: None,
+            transport: None,
+            algo: None,
+            registered: false,
+            plot: None,
+            limit: None,
+            csv: None,
+            corrupt_rank: None,
+        }
+    }
+}
+
+/// Usage text (`-h`).
+pub const USAGE: &str = "\
+USAGE: <collective>_perf
+  [-t,--nthreads <num threads>]          accepted for compatibility; must be 1
+  [-g,--ngpus <gpus per thread>]         accepted for compatibility; must be 1
+  [-b,--minbytes <min size in bytes>]    K/M/G suffixes (default 32M)
+  [-e,--maxbytes <max size in bytes>]    (default 32M)
+  [-i,--stepbytes <increment size>]      (default 1M)
+  [-f,--stepfactor <increment factor>]   (default: disabled)
+  [-n,--iters <iteration count>]         (default 20)
+  [-m,--agg_iters <aggregated iteration count>] (default 1)
+  [-w,--warmup_iters <warmup iteration count>]  (default 1)
+  [-N,--run_cycles <cycle count>]        run & print each cycle (default 1; 0=infinite)
+  [-p,--parallel_init <0/1>]             accepted for compatibility
+  [-c,--check <check iteration count>]   0 disables the check (default 1)
+  [-o,--op <sum/prod/min/max/avg/all>]   (default sum)
+  [-d,--datatype <int8/uint8/int32/uint32/int64/uint64/half/float/double/bfloat16/all>] (default float)
+  [-r,--root <root>]                     (default 0)
+  [-z,--blocking <0/1>]                  wait and barrier after each collective (default 0)
+  [-y,--stream_null <0/1>]               accepted for compatibility
+  [-T,--timeout <time in seconds>]       communicator timeout
+  [-G,--cudagraph <num graph launches>]  accepted for compatibility; must be 0
+  [-C,--report_cputime <0/1>]            accepted for compatibility
+  [-a,--average <0/1/2/3>]               time across ranks: 0 rank 0, 1 avg, 2 min, 3 max (default 1)
+  [-J,--output_file <file>]              write results as JSON
+  oxccl additions:
+  [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
+  [--transport <auto|tcp>]               force a transport
+  [--algo <ring>]                        force an algorithm
+  [--registered]                         use communicator-registered buffers
+  [--plot <file.svg>]                    bus bandwidth and time against size
+  [--limit <GB/s>]                       draw a machine limit on the plot
+  [--csv <file.csv>]                     write results as CSV
+  [-h,--help]";
+
+/// Parse a size with an optional K/M/G suffix.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    oxccl::comm_config_bytes(s)
+        .ok_or_else(|| format!("invalid size {s:?} (use e.g. 8, 64K, 256M, 1G)"))
+}
+
+fn parse_num<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
+    s.trim()
+        .parse()
+        .map_err(|_| format!("invalid value {s:?} for {flag}"))
+}
+
+impl Args {
+    /// Parse flags (`-b 8`, `--minbytes 8`, `--minbytes=8`).
+    pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
+        let mut a = Args::default();
+        let mut factor_set = false;
+        let mut it = argv.into_iter();
+        while let Some(raw) = it.next() {
+            let (flag, inline) = match raw.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+                _ => (raw.clone(), None),
+            };
+            let no_value = matches!(flag.as_str(), "--registered" | "-h" | "--help");
+            let val = if no_value {
+                String::new()
+            } else {
+                match inline {
+                    Some(v) => v,
+                    None => it
+                        .next()
+                        .ok_or_else(|| format!("missing value for {flag}"))?,
+                }
+            };
+            match flag.as_str() {
+                "-h" | "--help" => return Err(USAGE.to_string()),
+                "-t" | "--nthreads" | "-g" | "--ngpus" => {
+                    if parse_num::<usize>(&flag, &val)? != 1 {
+                        return Err(format!(
+                            "{flag} must be 1: oxccl runs one rank per process (use --np)"
+                        ));
+                    }
+                }
+                "-b" | "--minbytes" => a.min_bytes = parse_size(&val)?,
+                "-e" | "--maxbytes" => a.max_bytes = parse_size(&val)?,
+                "-i" | "--stepbytes" => a.step_bytes = parse_size(&val)?,
+                "-f" | "--stepfactor" => {
+                    a.step_factor = parse_num(&flag, &val)?;
+                    factor_set = true;
+                }
+                "-n" | "--iters" => a.iters = parse_num(&flag, &val)?,
+                "-m" | "--agg_iters" => a.agg_iters = parse_num(&flag, &val)?,
+                "-w" | "--warmup_iters" => a.warmup_iters = parse_num(&flag, &val)?,
+                "-N" | "--run_cycles" => a.run_cycles = parse_num(&flag, &val)?,
+                "-c" | "--check" => a.check = parse_num::<usize>(&flag, &val)? > 0,
+                "-o" | "--op" => {
+                    a.ops = if val == "all" {
+                        ReduceOp::ALL.to_vec()
+                    } else {
+                        vec![ReduceOp::parse(&val).ok_or_else(|| format!("unknown op {val:?}"))?]
+                    }
+                }
+                "-d" | "--datatype" => {
+                    a.dtypes = if val == "all" {
+                        DataType::ALL.to_vec()
+                    } else {
+                        vec![DataType::parse(&val)
+                            .ok_or_else(|| format!("unknown datatype {val:?}"))?]
+                    }
+                }
+                "-r" | "--root" => a.root = parse_num(&flag, &val)?,
+                "-z" | "--blocking" => a.blocking = parse_num::<usize>(&flag, &val)? > 0,
+                "-T" | "--timeout" => a.timeout = parse_num(&flag, &val)?,
+                "-a" | "--average" => {
+                    a.average = parse_num(&flag, &val)?;
+                    if a.average > 3 {
+                        return Err("-a must be 0, 1, 2 or 3".into());
+                    }
+                }
+                "-J" | "--output_file" => a.json = Some(val),
+                "-G" | "--cudagraph" => {
+                    if parse_num::<usize>(&flag, &val)? != 0 {
+                        return Err("-G (CUDA graphs) does not apply to host memory".into());
+                    }
+                }
+                "-p" | "--parallel_init" | "-y" | "--stream_null" | "-C" | "--report_cputime" => {
+                    parse_num::<usize>(&flag, &val)?;
+                }
+                "--np" => a.np = Some(parse_num(&flag, &val)?),
+                "--transport" => a.transport = Some(val).filter(|t| t != "auto"),
+                "--algo" => a.algo = Some(val),
+                "--registered" => a.registered = true,
+                "--plot" => a.plot = Some(val),
+                "--limit" => a.limit = Some(parse_num(&flag, &val)?),
+                "--csv" => a.csv = Some(val),
+                "--corrupt-rank" => a.corrupt_rank = Some(parse_num(&flag, &val)?),
+                other => return Err(format!("unknown option {other}\n{USAGE}")),
+            }
+        }
+        if !factor_set {
+            a.step_factor = 0;
+        }
+        if a.min_bytes > a.max_bytes {
+            return Err(format!(
+                "minbytes {} > maxbytes {}",
+                a.min_bytes, a.max_bytes
+            ));
+        }
+        if a.iters == 0 || a.agg_iters == 0 {
+            return Err("-n and -m must be at least 1".into());
+        }
+        if a.step_factor == 1 || (a.step_factor == 0 && a.step_bytes == 0) {
+            return Err("the step (-f > 1 or -i > 0) must make sizes grow".into());
+        }
+        if let Some(algo) = &a.algo {
+            if algo != "ring" {
+                return Err(format!(
+                    "--algo {algo:?}: this build has the ring algorithm (ring)"
+                ));
+            }
+        }
+        Ok(a)
+    }
+
+    /// The sizes to run, in bytes, smallest first.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            v.push(s);
+            let next = if self.step_factor > 1 {
+                s.saturating_mul(self.step_factor)
+            } else {
+                s + self.step_bytes
+            };
+            if next <= s {
+                break;
+            }
+            s = next;
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Result<Args, String> {
+        Args::parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn nccl_flags_and_sizes() {
+        let a = p("-b 8 -e 64M -f 2 -c 1 -n 5 -w 2 -d all -o all -a 3 -z 1").unwrap();
+        assert_eq!(a.sizes().len(), 24);
+        assert_eq!(a.sizes()[0], 8);
+        assert_eq!(*a.sizes().last().unwrap(), 64 << 20);
+        assert_eq!(a.dtypes.len(), 10);
+        assert_eq!(a.ops.len(), 5);
+        assert_eq!(
+            (a.iters, a.warmup_iters, a.average, a.blocking),
+            (5, 2, 3, true)
+        );
+        let a =
+            p("--minbytes=1K --maxbytes=4K --stepbytes=1K --datatype=bfloat16 --op=max").unwrap();
+        assert_eq!(a.sizes(), vec![1024, 2048, 3072, 4096]);
+        assert_eq!(a.dtypes, vec![DataType::Bf16]);
+        assert_eq!(a.ops, vec![ReduceOp::Max]);
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        assert!(p("-b 1G -e 1M").is_err());
+        assert!(p("-d float128").is_err());
+        assert!(p("-o xor").is_err());
+        assert!(p("-a 7").is_err());
+        assert!(p("-g 2").is_err());
+        assert!(p("--bogus 1").is_err());
+        assert!(p("-b").is_err());
+        assert!(p("--algo tree").is_err());
+    }
+}

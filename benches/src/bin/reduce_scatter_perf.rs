@@ -1,0 +1,4 @@
+//! `reduce_scatter_perf`: nccl-tests' `reduce_scatter_perf` for oxccl (see the `benches` crate docs).
+fn main() {
+    std::process::exit(benches::main(benches::Coll::ReduceScatter));
+}

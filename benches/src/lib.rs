@@ -1,0 +1,344 @@
+//! `benches`: the `*_perf` benchmark family, compatible with NVIDIA's
+//! nccl-tests (flags, defaults, output format, bus-bandwidth factors), run
+//! on host memory, and going further: `--np N` launches its own local
+//! ranks, `--plot` draws SVG, `-J` and `--csv` write machine-readable
+//! results.
+//!
+//! Every binary is a thin `main` over [`main`] with its [`Coll`]. Output
+//! comes from rank 0 only, in nccl-tests' exact layout, so scripts that
+//! parse nccl-tests parse ours ([`parse`] is such a parser). The exit
+//! status is non-zero when any element of any checked result is wrong.
+
+pub mod args;
+pub mod coll;
+pub mod parse;
+pub mod plot;
+pub mod report;
+
+pub use args::Args;
+pub use coll::Coll;
+
+use oxccl::launch::{self, Launch, Output};
+use oxccl::selftest::TestElem;
+use oxccl::{with_dtype, Communicator, CommunicatorExt, Config, DataType, ReduceOp, UniqueId};
+use report::{Measure, Row};
+use std::time::{Duration, Instant};
+
+/// Run benchmark `coll` with this process's arguments; returns the exit code.
+pub fn main(coll: Coll) -> i32 {
+    let argv: Vec<String> = std::env::args().collect();
+    let args = match Args::parse(argv[1..].iter().cloned()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    if let Some(np) = args.np {
+        if !launch::under_launcher() {
+            let exe = std::env::current_exe()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_else(|_| argv[0].clone());
+            return launch::run(&Launch {
+                nranks: np,
+                program: exe,
+                args: argv[1..].to_vec(),
+                output: Output::Rank0,
+                kill_after: Duration::from_secs(3),
+                env: Vec::new(),
+            });
+        }
+    }
+    if args.registered {
+        eprintln!("{}: --registered needs a transport with registered memory (shared memory); this build has only tcp", coll.program());
+        return 2;
+    }
+    let comm = match connect(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{}: {e}", coll.program());
+            return 1;
+        }
+    };
+    match run(coll, &args, &argv, &comm) {
+        Ok(0) => 0,
+        Ok(_) => 1,
+        Err(e) => {
+            eprintln!("{}: rank {}: {e}", coll.program(), comm.rank());
+            1
+        }
+    }
+}
+
+/// Join the job's communicator (or make a one-rank one when run alone).
+fn connect(args: &Args) -> oxccl::Result<Communicator> {
+    let mut cfg = Config::from_env()?;
+    if args.timeout > 0.0 {
+        cfg.timeout = Duration::from_secs_f64(args.timeout);
+    }
+    if let Some(t) = &args.transport {
+        cfg.transport = Some(t.clone());
+    }
+    if launch::under_launcher() {
+        let env = oxccl::launch_env()?;
+        let id = env.root.into_id(env.rank, cfg.timeout)?;
+        Communicator::init_with_config(&id, env.rank, env.nranks, cfg)
+    } else {
+        if cfg.socket_ifname.is_none() {
+            cfg.socket_ifname = Some("lo".into());
+        }
+        let id = UniqueId::with_config(&cfg)?;
+        Communicator::init_with_config(&id, 0, 1, cfg)
+    }
+}
+
+/// Everything that varies per output row.
+struct Case {
+    coll: Coll,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+}
+
+/// Time and check one direction of one size.
+fn measure<T: TestElem>(
+    comm: &Communicator,
+    args: &Args,
+    case: &Case,
+    bytes: usize,
+    in_place: bool,
+) -> oxccl::Result<(f64, u64, coll::Shape)> {
+    let n = comm.nranks();
+    let shape = case.coll.shape(bytes, T::DTYPE.size(), n);
+    let mut wrong = 0u64;
+    let mut bufs = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
+    if args.check {
+        case.coll
+            .run(comm, &mut bufs, case.op, case.root, in_place)?;
+        if args.corrupt_rank == Some(comm.rank()) {
+            case.coll.corrupt(comm, &shape, &mut bufs, in_place);
+        }
+        wrong = case
+            .coll
+            .wrong(comm, &shape, &bufs, case.op, case.root, in_place);
+    }
+    comm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..args.iters {
+        for _ in 0..args.agg_iters {
+            case.coll
+                .run(comm, &mut bufs, case.op, case.root, in_place)?;
+        }
+        if args.blocking {
+            comm.barrier()?;
+        }
+    }
+    let mut secs = [t.elapsed().as_secs_f64() / (args.iters * args.agg_iters) as f64];
+    // Combine times across ranks as -a says.
+    match args.average {
+        0 => comm.broadcast_in_place(&mut secs, 0)?,
+        1 => comm.all_reduce_in_place(&mut secs, ReduceOp::Avg)?,
+        2 => comm.all_reduce_in_place(&mut secs, ReduceOp::Min)?,
+        _ => comm.all_reduce_in_place(&mut secs, ReduceOp::Max)?,
+    }
+    let mut w = [wrong];
+    comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
+    Ok((secs[0], w[0], shape))
+}
+
+fn warmup<T: TestElem>(comm: &Communicator, args: &Args, case: &Case) -> oxccl::Result<()> {
+    let shape = case
+        .coll
+        .shape(args.max_bytes, T::DTYPE.size(), comm.nranks());
+    let mut bufs = case.coll.buffers::<T>(&shape, comm, case.op, false);
+    for _ in 0..args.warmup_iters {
+        case.coll.run(comm, &mut bufs, case.op, case.root, false)?;
+    }
+    Ok(())
+}
+
+fn row(
+    comm: &Communicator,
+    args: &Args,
+    case: &Case,
+    bytes: usize,
+    series: &str,
+) -> oxccl::Result<Row> {
+    let factor = case.coll.bus_factor(comm.nranks());
+    let mut out = Vec::new();
+    let mut shape = None;
+    for in_place in [false, true] {
+        let (secs, wrong, s) =
+            with_dtype!(case.dtype, T => measure::<T>(comm, args, case, bytes, in_place))?;
+        let algbw = if secs > 0.0 {
+            s.bytes as f64 / secs / 1e9
+        } else {
+            0.0
+        };
+        out.push(Measure {
+            time_us: secs * 1e6,
+            algbw,
+            busbw: algbw * factor,
+            wrong: args.check.then_some(wrong),
+        });
+        shape = Some(s);
+    }
+    let s = shape.unwrap();
+    Ok(Row {
+        bytes: s.bytes,
+        count: s.count,
+        dtype: case.dtype.nccl_name().to_string(),
+        redop: if case.coll.has_op() {
+            case.op.to_string()
+        } else {
+            "none".into()
+        },
+        root: if case.coll.has_root() {
+            case.root as i64
+        } else {
+            -1
+        },
+        oop: out[0],
+        ip: out[1],
+        series: series.to_string(),
+    })
+}
+
+fn preamble(coll: Coll, args: &Args, comm: &Communicator) -> String {
+    let mut s = format!(
+        "# nccl-tests version oxccl-{} nccl-headers=0 nccl-library=0\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    s += &format!("# Collective test starting: {}\n", coll.program());
+    let (step, kind) = if args.step_factor > 1 {
+        (args.step_factor, "factor")
+    } else {
+        (args.step_bytes, "bytes")
+    };
+    s += &format!(
+        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step}({kind}) warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0 unalign: 0\n",
+        args.min_bytes, args.max_bytes, args.warmup_iters, args.iters, args.agg_iters, u8::from(args.check)
+    );
+    if args.blocking {
+        s += "# Blocking Enabled: wait for completion and barrier after each collective \n";
+    }
+    s += "#\n# Using devices\n";
+    let isa = format!("{:?}", oxccl::kernel_isa()).to_lowercase();
+    for p in comm.peers() {
+        s += &format!(
+            "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device {:2} [cpu] host memory ({isa})\n",
+            p.rank, 0, p.pid, p.hostname, p.rank
+        );
+    }
+    s
+}
+
+/// Run the whole sweep; returns the total number of wrong elements.
+fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::Result<u64> {
+    let me = comm.rank();
+    if coll.has_root() && args.root >= comm.nranks() {
+        return Err(oxccl::Error::invalid(format!(
+            "root {} is not a rank of {}",
+            args.root,
+            comm.nranks()
+        )));
+    }
+    let print = |s: &str| {
+        if me == 0 {
+            print!("{s}");
+            let _ = std::io::Write::flush(&mut std::io::stdout());
+        }
+    };
+    print(&preamble(coll, args, comm));
+    print(&report::header());
+    let ops: Vec<ReduceOp> = if coll.has_op() {
+        args.ops.clone()
+    } else {
+        vec![ReduceOp::Sum]
+    };
+    let mut rows = Vec::new();
+    let mut wrong_total = 0u64;
+    let mut cycle = 0;
+    while args.run_cycles == 0 || cycle < args.run_cycles {
+        for &dtype in &args.dtypes {
+            for &op in &ops {
+                let case = Case {
+                    coll,
+                    dtype,
+                    op,
+                    root: args.root,
+                };
+                with_dtype!(dtype, T => warmup::<T>(comm, args, &case))?;
+                let mut series = if coll.has_op() {
+                    format!("{} {}", dtype.nccl_name(), op)
+                } else {
+                    dtype.nccl_name().to_string()
+                };
+                if args.run_cycles != 1 {
+                    series += &format!(" cycle {cycle}");
+                }
+                for bytes in args.sizes() {
+                    let r = row(comm, args, &case, bytes, &series)?;
+                    wrong_total += r.oop.wrong.unwrap_or(0) + r.ip.wrong.unwrap_or(0);
+                    print(&format!("{}\n", report::row_line(&r)));
+                    rows.push(r);
+                }
+            }
+        }
+        cycle += 1;
+    }
+    let bws: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.oop.busbw, r.ip.busbw])
+        .collect();
+    let avg = if bws.is_empty() {
+        0.0
+    } else {
+        bws.iter().sum::<f64>() / bws.len() as f64
+    };
+    print(&report::footer(wrong_total, avg, coll.program()));
+    if me == 0 {
+        write_files(coll, args, argv, comm, &rows, wrong_total, avg)?;
+    }
+    Ok(wrong_total)
+}
+
+fn write_files(
+    coll: Coll,
+    args: &Args,
+    argv: &[String],
+    comm: &Communicator,
+    rows: &[Row],
+    wrong: u64,
+    avg: f64,
+) -> oxccl::Result<()> {
+    let io =
+        |path: &str, e: std::io::Error| oxccl::Error::invalid(format!("cannot write {path}: {e}"));
+    if let Some(path) = &args.json {
+        let doc = report::JsonDoc {
+            program: coll.program().into(),
+            args: argv.to_vec(),
+            nranks: comm.nranks(),
+            devices: comm
+                .peers()
+                .iter()
+                .map(|p| (p.rank, p.pid, p.hostname.clone()))
+                .collect(),
+            min_bytes: args.min_bytes,
+            max_bytes: args.max_bytes,
+            iters: args.iters,
+            warmup_iters: args.warmup_iters,
+            check: args.check,
+        };
+        std::fs::write(path, doc.render(rows, wrong, avg)).map_err(|e| io(path, e))?;
+    }
+    if let Some(path) = &args.csv {
+        std::fs::write(path, report::csv(coll.program(), comm.nranks(), rows))
+            .map_err(|e| io(path, e))?;
+    }
+    if let Some(path) = &args.plot {
+        let title = format!("{} — {} ranks, host memory", coll.program(), comm.nranks());
+        std::fs::write(path, plot::svg(&title, rows, args.limit)).map_err(|e| io(path, e))?;
+    }
+    Ok(())
+}
