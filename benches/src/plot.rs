@@ -5,7 +5,7 @@
 use crate::report::Row;
 use std::fmt::Write as _;
 
-const W: f64 = 1100.0;
+const W: f64 = 1130.0;
 const H: f64 = 460.0;
 const PANEL_W: f64 = 470.0;
 const PANEL_H: f64 = 330.0;
@@ -113,8 +113,17 @@ impl Panel {
             }
             v
         } else {
-            (0..=5)
-                .map(|i| self.ymin + (self.ymax - self.ymin) * i as f64 / 5.0)
+            // 1, 2 or 5 times a power of ten, about five ticks.
+            let raw = (self.ymax - self.ymin) / 5.0;
+            let mag = 10f64.powf(raw.log10().floor());
+            let step = [1.0, 2.0, 5.0, 10.0]
+                .iter()
+                .map(|m| m * mag)
+                .find(|s| *s >= raw)
+                .unwrap_or(10.0 * mag);
+            (0..)
+                .map(|i| self.ymin + step * i as f64)
+                .take_while(|t| *t <= self.ymax)
                 .collect()
         };
         for t in ticks {

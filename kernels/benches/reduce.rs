@@ -51,8 +51,34 @@ fn bench_memcpy(c: &mut Criterion) {
     g.finish();
 }
 
+/// memcpy of the same sizes split over two threads: the machine's memory
+/// bandwidth when both cores copy (what two ranks on this host share).
+fn bench_memcpy_2threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("memcpy_2threads");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300))
+        .sample_size(10);
+    for bytes in SIZES {
+        let src = vec![1u8; bytes];
+        let mut dst = vec![0u8; bytes];
+        g.throughput(Throughput::Bytes(bytes as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(label(bytes)), &bytes, |b, _| {
+            b.iter(|| {
+                let (d0, d1) = dst.split_at_mut(bytes / 2);
+                let (s0, s1) = src.split_at(bytes / 2);
+                std::thread::scope(|s| {
+                    s.spawn(|| black_box(d1).copy_from_slice(black_box(s1)));
+                    black_box(d0).copy_from_slice(black_box(s0));
+                });
+            })
+        });
+    }
+    g.finish();
+}
+
 fn all(c: &mut Criterion) {
     bench_memcpy(c);
+    bench_memcpy_2threads(c);
     bench_sum(c, "f32", 1f32);
     bench_sum(c, "bf16", bf16::ONE);
     bench_sum(c, "f16", f16::ONE);
