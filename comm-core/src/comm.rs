@@ -62,8 +62,10 @@ pub(crate) struct State {
     p2p_recvd: Vec<u64>,
 }
 
-/// Stable identity of this host: host name plus the kernel's boot id
-/// (`OXCCL_HOSTID` overrides, e.g. to treat network namespaces as hosts).
+/// Stable identity of this host: host name, the kernel's boot id and the
+/// network namespace (processes in different namespaces are treated as
+/// different hosts, as they cannot share abstract sockets).
+/// `OXCCL_HOSTID` overrides it.
 pub fn host_identity() -> (String, u64) {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most len bytes into the buffer.
@@ -161,9 +163,8 @@ impl Communicator {
                     mine.push((p.rank, addr));
                 }
             }
-            if mine.is_empty() {
-                continue;
-            }
+            // Called even with no peers: the endpoint learns setup is over
+            // (and from then on rejects every connection).
             for (peer, link) in ep.connect(&ctx, &mine, deadline)? {
                 links[peer] = Some(link);
             }
@@ -441,6 +442,7 @@ impl Inner {
             fp,
             deadline: Instant::now() + self.config.timeout,
             timeout: self.config.timeout,
+            spin: self.config.spin,
             during,
             peers: &self.peers,
             per_step,

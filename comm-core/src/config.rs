@@ -25,6 +25,10 @@ pub struct Config {
     /// Forced transport (`OXCCL_TRANSPORT`: `tcp`, `shm`, ...; `auto` or unset
     /// lets the facade choose per peer).
     pub transport: Option<String>,
+    /// How long a waiting call retries, yielding the CPU between tries,
+    /// before it sleeps in the kernel (`OXCCL_SPIN_US`, default 50 µs; 0
+    /// sleeps at once).
+    pub spin: Duration,
 }
 
 impl Default for Config {
@@ -36,6 +40,7 @@ impl Default for Config {
             socket_ifname: None,
             socket_buffer: 4 << 20,
             transport: None,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -87,6 +92,9 @@ impl Config {
             c.socket_buffer = parse_bytes(&v).ok_or_else(|| {
                 Error::Config(format!("OXCCL_SOCKET_BUFFER={v:?} is not a size (e.g. 4M)"))
             })?;
+        }
+        if let Some(v) = env("OXCCL_SPIN_US") {
+            c.spin = Duration::from_secs_f64(parse_num("OXCCL_SPIN_US", &v)? / 1e6);
         }
         c.socket_ifname = env("OXCCL_SOCKET_IFNAME");
         c.transport = env("OXCCL_TRANSPORT").filter(|t| t != "auto");

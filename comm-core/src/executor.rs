@@ -96,6 +96,8 @@ pub(crate) struct CallCtx<'a> {
     pub fp: Fingerprint,
     pub deadline: Instant,
     pub timeout: Duration,
+    /// How long to retry (yielding) before sleeping in `poll(2)`.
+    pub spin: Duration,
     /// `all_reduce #12`, for messages.
     pub during: String,
     pub peers: &'a [PeerInfo],
@@ -346,6 +348,7 @@ pub(crate) fn execute(
 
     let mut done = vec![false; nsteps];
     let mut remaining = nsteps;
+    let mut idle_since: Option<Instant> = None;
     let ready = |done: &[bool], i: u32| {
         sched.steps[i as usize]
             .deps
@@ -525,8 +528,22 @@ pub(crate) fn execute(
         if remaining == 0 {
             return Ok(());
         }
-        if !progressed {
+        if progressed {
+            idle_since = None;
+        } else {
+            // Spin (yielding, so a peer sharing this core can run) for a
+            // while before sleeping: a wake-up through poll costs far more
+            // than a few retries when the data is microseconds away.
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < cx.spin {
+                std::thread::yield_now();
+                if cx.aborted.load(Ordering::Relaxed) {
+                    return Err(Error::Aborted { by: None });
+                }
+                continue;
+            }
             wait(&chans, &done, sched, net, cx)?;
+            idle_since = None;
         }
     }
 }
@@ -571,23 +588,42 @@ fn wait(
             .iter()
             .all(|d| done[*d as usize])
     };
+    // Let transports that wake pollers themselves ask for a wake-up first.
+    let mut became_ready = false;
+    for c in chans {
+        let want_write = c.s_head < c.sends.len() && ready(c.sends[c.s_head]);
+        let want_read = c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]);
+        if want_read || want_write {
+            became_ready |= net.links[c.peer]
+                .as_mut()
+                .unwrap()
+                .arm(c.stream, want_read, want_write);
+        }
+    }
+    if became_ready {
+        return Ok(());
+    }
     net.pollfds.clear();
     net.pollmap.clear();
     let mut waiting_for = Vec::new();
     for (ci, c) in chans.iter().enumerate() {
         let link = net.links[c.peer].as_ref().unwrap();
-        let mut events = 0;
-        if c.s_head < c.sends.len() && ready(c.sends[c.s_head]) {
-            events |= libc::POLLOUT;
+        let want_write = c.s_head < c.sends.len() && ready(c.sends[c.s_head]);
+        let want_read = c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]);
+        if want_write {
             waiting_for.push(format!(
                 "rank {} to take data (stream {})",
                 c.peer, c.stream
             ));
         }
-        if c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]) {
-            events |= libc::POLLIN;
+        if want_read {
             waiting_for.push(format!("data from rank {} (stream {})", c.peer, c.stream));
         }
+        let events = if want_read || want_write {
+            link.poll_events(c.stream, want_read, want_write)
+        } else {
+            0
+        };
         if events != 0 {
             net.pollfds.push(libc::pollfd {
                 fd: link.fd(c.stream),

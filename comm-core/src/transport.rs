@@ -65,6 +65,21 @@ pub trait Link: Send {
     fn read(&mut self, stream: usize, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<usize>;
     /// The fd that becomes readable/writable for `stream`.
     fn fd(&self, stream: usize) -> RawFd;
+    /// The `poll(2)` events to wait for on [`Link::fd`] when the executor
+    /// needs to read and/or write `stream` (by default POLLIN/POLLOUT).
+    fn poll_events(&self, stream: usize, read: bool, write: bool) -> i16 {
+        let _ = stream;
+        (if read { libc::POLLIN } else { 0 }) | (if write { libc::POLLOUT } else { 0 })
+    }
+    /// Called right before the executor sleeps in `poll(2)` waiting to read
+    /// and/or write `stream`: a transport that signals readiness itself (shared
+    /// memory) announces here that it wants a wake-up. Returns true when the
+    /// stream became ready meanwhile (then the executor retries instead of
+    /// sleeping). Sockets need nothing: the kernel wakes pollers.
+    fn arm(&mut self, stream: usize, read: bool, write: bool) -> bool {
+        let _ = (stream, read, write);
+        false
+    }
     /// Close every stream (both directions); later calls fail.
     fn close(&mut self);
 }

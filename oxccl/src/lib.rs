@@ -36,6 +36,7 @@ pub use comm_core::handshake as transport_handshake;
 
 use comm_core::transport::Transports;
 use std::sync::{Arc, Once};
+use transport_shm::ShmTransport;
 use transport_tcp::TcpTransport;
 
 /// What most programs need: `use oxccl::prelude::*;`.
@@ -46,15 +47,39 @@ pub mod prelude {
     };
 }
 
-/// The transport set for a configuration: today TCP for every peer;
-/// `OXCCL_TRANSPORT` may name only transports that are built in.
+/// Index of TCP in the set [`transports`] builds.
+const TCP: usize = 0;
+/// Index of shared memory in that set.
+const SHM: usize = 1;
+
+/// The transport set for a configuration and the per-peer rule: a peer on
+/// the same host (same host identity: host name, boot id and network
+/// namespace) gets shared memory, any other TCP. `OXCCL_TRANSPORT=tcp`
+/// forces TCP everywhere; `shm` forces shared memory (an error for a peer
+/// on another host).
 pub fn transports(config: &Config) -> Result<Transports> {
-    match config.transport.as_deref() {
-        None | Some("tcp") => Ok(Transports::single(Arc::new(TcpTransport))),
-        Some(other) => Err(Error::Config(format!(
-            "OXCCL_TRANSPORT={other:?}: this build has only the tcp transport (use tcp or auto)"
-        ))),
-    }
+    let forced = match config.transport.as_deref() {
+        None => None,
+        Some("tcp") => Some(TCP),
+        Some("shm") => Some(SHM),
+        Some(other) => {
+            return Err(Error::Config(format!(
+                "OXCCL_TRANSPORT={other:?}: this build has the transports tcp and shm (or auto)"
+            )))
+        }
+    };
+    Ok(Transports {
+        list: vec![Arc::new(TcpTransport), Arc::new(ShmTransport)],
+        choose: Arc::new(move |_cfg, me, peer| match forced {
+            Some(SHM) if peer.host_id != me.host_id => Err(Error::Config(format!(
+                "OXCCL_TRANSPORT=shm, but rank {} runs on host {} and rank {} on host {}",
+                me.rank, me.hostname, peer.rank, peer.hostname
+            ))),
+            Some(t) => Ok(t),
+            None if peer.host_id == me.host_id => Ok(SHM),
+            None => Ok(TCP),
+        }),
+    })
 }
 
 /// Constructors that wire concrete transports into `comm-core`'s

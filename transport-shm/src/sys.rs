@@ -1,0 +1,208 @@
+//! Thin safe wrappers over the Linux calls the transport needs: memfd
+//! segments, eventfds, epoll, and passing fds over a Unix socket.
+
+use std::io::{Error, ErrorKind, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+
+fn cvt(r: libc::c_int) -> Result<libc::c_int> {
+    if r < 0 {
+        Err(Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// An anonymous, never-named shared memory file of `len` bytes (memfd): it
+/// disappears with the last fd and mapping, so a crash leaves nothing behind.
+pub fn memfd(len: usize) -> Result<OwnedFd> {
+    // SAFETY: the name is a NUL-terminated literal; the fd is owned below.
+    let fd = cvt(unsafe { libc::memfd_create(c"oxccl-shm".as_ptr(), libc::MFD_CLOEXEC) })?;
+    // SAFETY: fd is fresh and owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ftruncate on our own fd.
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
+    Ok(fd)
+}
+
+/// A shared mapping of a memfd; unmapped on drop.
+pub struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain shared memory; all access from this process
+// goes through atomics or through ranges the ring protocol hands out.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// Map all `len` bytes of `fd` read-write, shared.
+    pub fn new(fd: &OwnedFd, len: usize) -> Result<Mapping> {
+        // SAFETY: mapping a file we own; the kernel checks len against it.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: p as *mut u8,
+            len,
+        })
+    }
+
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `new` mapped.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// A non-blocking eventfd.
+pub fn eventfd() -> Result<OwnedFd> {
+    // SAFETY: plain syscall; the fd is owned below.
+    let fd = cvt(unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Add one to an eventfd (wakes a poller).
+pub fn signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: 8-byte write from a live u64 to an eventfd.
+    unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Reset an eventfd's counter (non-blocking; nothing to do if zero).
+pub fn drain(fd: RawFd) {
+    let mut v: u64 = 0;
+    // SAFETY: 8-byte read into a live u64 from a non-blocking eventfd.
+    unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+}
+
+/// An epoll instance watching `fds` for input or hang-up.
+pub fn epoll(fds: &[RawFd]) -> Result<OwnedFd> {
+    // SAFETY: plain syscall; the fd is owned below.
+    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
+    // SAFETY: fresh fd.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for &fd in fds {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: registering a valid fd with a valid event struct.
+        cvt(unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
+    }
+    Ok(ep)
+}
+
+/// Whether the peer end of `s` has hung up (non-blocking check).
+pub fn hung_up(s: &UnixStream) -> bool {
+    let mut p = libc::pollfd {
+        fd: s.as_raw_fd(),
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+}
+
+const MAX_FDS: usize = 8;
+
+/// Send `data` with `fds` attached (SCM_RIGHTS).
+pub fn send_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> Result<()> {
+    assert!(fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space =
+        unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: zeroed msghdr is valid; every pointer set below outlives the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer has room for one header with `fds`.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN((fds.len() * std::mem::size_of::<RawFd>()) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, fds.len());
+    }
+    // SAFETY: msg is fully initialised.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return Err(Error::last_os_error());
+    }
+    if n as usize != data.len() {
+        return Err(Error::new(ErrorKind::WriteZero, "short fd message"));
+    }
+    Ok(())
+}
+
+/// Receive up to `buf.len()` bytes and exactly `nfds` fds.
+pub fn recv_fds(s: &UnixStream, buf: &mut [u8], nfds: usize) -> Result<(usize, Vec<OwnedFd>)> {
+    assert!(nfds <= MAX_FDS);
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: pure size computation.
+    let space =
+        unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    // SAFETY: zeroed msghdr is valid; pointers outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: msg is fully initialised; CMSG_CLOEXEC keeps fds from leaking to children.
+    let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(Error::last_os_error());
+    }
+    let mut fds = Vec::new();
+    // SAFETY: walking the control messages the kernel wrote into cbuf.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(c) as *const RawFd;
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    fds.push(OwnedFd::from_raw_fd(*data.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    if fds.len() != nfds || msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("expected {nfds} fds, got {}", fds.len()),
+        ));
+    }
+    Ok((n as usize, fds))
+}
