@@ -65,15 +65,15 @@ pub(crate) struct State {
 /// Stable identity of this host: host name, the kernel's boot id and the
 /// network namespace (processes in different namespaces are treated as
 /// different hosts, as they cannot share abstract sockets).
-/// `OXCCL_HOSTID` overrides it.
-pub fn host_identity() -> (String, u64) {
+/// `host_id` (`OXCCL_HOSTID`) overrides it.
+pub fn host_identity(host_id: Option<&str>) -> (String, u64) {
     let mut name = [0u8; 256];
     // SAFETY: gethostname writes at most len bytes into the buffer.
     unsafe { libc::gethostname(name.as_mut_ptr() as *mut libc::c_char, name.len()) };
     let end = name.iter().position(|b| *b == 0).unwrap_or(name.len());
     let host = String::from_utf8_lossy(&name[..end]).into_owned();
-    let id_text = match std::env::var("OXCCL_HOSTID") {
-        Ok(v) if !v.is_empty() => v,
+    let id_text = match host_id {
+        Some(v) if !v.is_empty() => v.to_string(),
         _ => {
             let boot =
                 std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
@@ -137,7 +137,7 @@ impl Communicator {
         for t in &transports.list {
             endpoints.push(t.listen(&ctx)?);
         }
-        let (hostname, host_id) = host_identity();
+        let (hostname, host_id) = host_identity(config.host_id.as_deref());
         let me = PeerInfo {
             rank,
             hostname,

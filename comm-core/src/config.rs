@@ -29,6 +29,10 @@ pub struct Config {
     /// before it sleeps in the kernel (`OXCCL_SPIN_US`, default 50 µs; 0
     /// sleeps at once).
     pub spin: Duration,
+    /// Host identity override (`OXCCL_HOSTID`): ranks with the same value
+    /// are on one host (shared memory between them); unset, it is derived
+    /// from host name, boot id and network namespace.
+    pub host_id: Option<String>,
 }
 
 impl Default for Config {
@@ -41,6 +45,7 @@ impl Default for Config {
             socket_buffer: 4 << 20,
             transport: None,
             spin: Duration::from_micros(50),
+            host_id: None,
         }
     }
 }
@@ -97,6 +102,7 @@ impl Config {
             c.spin = Duration::from_secs_f64(parse_num("OXCCL_SPIN_US", &v)? / 1e6);
         }
         c.socket_ifname = env("OXCCL_SOCKET_IFNAME");
+        c.host_id = env("OXCCL_HOSTID");
         c.transport = env("OXCCL_TRANSPORT").filter(|t| t != "auto");
         c.validate()?;
         Ok(c)

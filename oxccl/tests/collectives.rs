@@ -1,4 +1,6 @@
-//! The correctness matrix over threads-as-ranks and real TCP sockets:
+//! The correctness matrix over threads-as-ranks and real transports (TCP,
+//! shared memory, and a communicator mixing both: ranks alternate between
+//! two pretend hosts):
 //! every collective x dtype x op x nranks {1,2,3,4,5,8} x counts
 //! {0, 1, 7, n-1, n+1, 1 000 003} x in-place/out-of-place, every element
 //! compared with `==` against an exact reference.
@@ -11,35 +13,89 @@ mod common;
 use common::*;
 use oxccl::selftest::{run_matrix, standard_counts};
 
-fn matrix(n: usize) {
-    let results = with_ranks(n, test_config(), |comm| {
-        run_matrix(&comm, &standard_counts(n))
-    });
+fn check(results: Vec<Result<(), String>>) {
     for r in results {
         r.unwrap();
     }
 }
+
+fn tcp(n: usize) {
+    check(with_ranks(n, tcp_config(), |comm| {
+        run_matrix(&comm, &standard_counts(n))
+    }));
+}
+
+fn shm(n: usize) {
+    check(with_ranks(n, test_config(), |comm| {
+        run_matrix(&comm, &standard_counts(n))
+    }));
+}
+
+fn mixed(n: usize) {
+    check(with_rank_configs(
+        n,
+        |r| host_config(r % 2),
+        |comm| run_matrix(&comm, &standard_counts(n)),
+    ));
+}
+
 #[test]
-fn matrix_1_rank() {
-    matrix(1)
+fn tcp_1_rank() {
+    tcp(1)
 }
 #[test]
-fn matrix_2_ranks() {
-    matrix(2)
+fn tcp_2_ranks() {
+    tcp(2)
 }
 #[test]
-fn matrix_3_ranks() {
-    matrix(3)
+fn tcp_3_ranks() {
+    tcp(3)
 }
 #[test]
-fn matrix_4_ranks() {
-    matrix(4)
+fn tcp_4_ranks() {
+    tcp(4)
 }
 #[test]
-fn matrix_5_ranks() {
-    matrix(5)
+fn tcp_5_ranks() {
+    tcp(5)
 }
 #[test]
-fn matrix_8_ranks() {
-    matrix(8)
+fn tcp_8_ranks() {
+    tcp(8)
+}
+#[test]
+fn shm_2_ranks() {
+    shm(2)
+}
+#[test]
+fn shm_3_ranks() {
+    shm(3)
+}
+#[test]
+fn shm_4_ranks() {
+    shm(4)
+}
+#[test]
+fn shm_5_ranks() {
+    shm(5)
+}
+#[test]
+fn shm_8_ranks() {
+    shm(8)
+}
+#[test]
+fn mixed_3_ranks() {
+    mixed(3)
+}
+#[test]
+fn mixed_4_ranks() {
+    mixed(4)
+}
+#[test]
+fn mixed_5_ranks() {
+    mixed(5)
+}
+#[test]
+fn mixed_8_ranks() {
+    mixed(8)
 }

@@ -1,7 +1,8 @@
 //! Strangers at the door: connections with a wrong secret, random bytes, a
 //! right secret for another communicator, a duplicate rank, and a client
-//! that connects and says nothing are rejected at the rendezvous root and
-//! at a TCP data listener, while collectives of the job complete.
+//! that connects and says nothing are rejected at the rendezvous root, at
+//! a TCP data listener and at a shared-memory listener, while collectives
+//! of the job complete.
 
 mod common;
 use common::*;
@@ -15,6 +16,54 @@ mod oxccl_handshake {
     pub use oxccl::transport_handshake::*;
 }
 
+/// A door: TCP (root, data listener) or an abstract Unix socket (the
+/// shared-memory listener).
+enum Target {
+    Tcp(SocketAddr),
+    Unix(Vec<u8>),
+}
+
+enum Conn {
+    Tcp(TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Read for Conn {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.read(b),
+            Conn::Unix(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Tcp(s) => s.write(b),
+            Conn::Unix(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Conn {
+    fn open(to: &Target) -> Conn {
+        match to {
+            Target::Tcp(a) => Conn::Tcp(connect(*a)),
+            Target::Unix(name) => {
+                use std::os::linux::net::SocketAddrExt;
+                let a = std::os::unix::net::SocketAddr::from_abstract_name(name).unwrap();
+                let s = std::os::unix::net::UnixStream::connect_addr(&a).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                Conn::Unix(s)
+            }
+        }
+    }
+}
+
 fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
@@ -22,7 +71,7 @@ fn connect(addr: SocketAddr) -> TcpStream {
 }
 
 /// Expect the server to close on us (EOF or reset), never to accept.
-fn closed_by_server(mut s: TcpStream) -> bool {
+fn closed_by_server(mut s: impl Read) -> bool {
     let mut b = [0u8; 64];
     loop {
         match s.read(&mut b) {
@@ -32,31 +81,31 @@ fn closed_by_server(mut s: TcpStream) -> bool {
     }
 }
 
-fn attack(addr: SocketAddr, purpose: Purpose, comm_id: u64, real: &Secret, to: u32) {
+fn attack(to: Target, purpose: Purpose, comm_id: u64, real: &Secret, to_rank: u32) {
     // Wrong secret (from a rank that may connect there).
-    let mut s = connect(addr);
-    let h = Hello::new(purpose, comm_id, 2, to, 3, 0).unwrap();
+    let mut s = Conn::open(&to);
+    let h = Hello::new(purpose, comm_id, 2, to_rank, 3, 0).unwrap();
     assert!(
         client(&mut s, &Secret::random().unwrap(), &h).is_err(),
-        "wrong secret accepted at {addr}"
+        "wrong secret accepted"
     );
     // Random bytes.
-    let mut s = connect(addr);
+    let mut s = Conn::open(&to);
     let mut junk = [0u8; 64];
     for (i, b) in junk.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(151).wrapping_add(7);
     }
     s.write_all(&junk).unwrap();
-    assert!(closed_by_server(s), "random bytes not rejected at {addr}");
+    assert!(closed_by_server(s), "random bytes not rejected");
     // Right secret, another communicator.
-    let mut s = connect(addr);
-    let h = Hello::new(purpose, comm_id ^ 1, 1, to, 3, 0).unwrap();
+    let mut s = Conn::open(&to);
+    let h = Hello::new(purpose, comm_id ^ 1, 2, to_rank, 3, 0).unwrap();
     assert!(
         client(&mut s, real, &h).is_err(),
-        "foreign communicator accepted at {addr}"
+        "foreign communicator accepted"
     );
     // Truncated hello, then silence.
-    let mut s = connect(addr);
+    let mut s = Conn::open(&to);
     s.write_all(b"OXCCLHS1").unwrap();
     drop(s);
 }
@@ -80,8 +129,15 @@ fn strangers_are_rejected_while_the_job_runs() {
                     .unwrap();
                 let silent_data = connect(data_addr);
                 if r == 0 {
-                    attack(root, Purpose::Bootstrap, c.id(), &secret, ROOT);
-                    attack(data_addr, Purpose::Tcp, c.id(), &secret, 1);
+                    attack(Target::Tcp(root), Purpose::Bootstrap, c.id(), &secret, ROOT);
+                    attack(Target::Tcp(data_addr), Purpose::Tcp, c.id(), &secret, 1);
+                    attack(
+                        Target::Unix(c.peers()[1].addrs[1].clone()),
+                        Purpose::Shm,
+                        c.id(),
+                        &secret,
+                        1,
+                    );
                     // A duplicate of rank 2's connection, with the right secret.
                     let mut d = connect(data_addr);
                     let h = Hello::new(Purpose::Tcp, c.id(), 2, 1, 3, 0).unwrap();

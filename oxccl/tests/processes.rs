@@ -109,7 +109,7 @@ fn now_ms() -> u128 {
 
 /// Start `n` ranks of `selftest loop` directly (not under oxrun, which
 /// would stop the survivors itself) with a root hosted by this process.
-fn spawn_loop(n: usize, bytes: &str) -> Vec<Child> {
+fn spawn_loop(n: usize, bytes: &str, transport: &str) -> Vec<Child> {
     let id = oxccl::UniqueId::serve(
         "127.0.0.1:0".parse().unwrap(),
         comm_core_secret(),
@@ -125,6 +125,7 @@ fn spawn_loop(n: usize, bytes: &str) -> Vec<Child> {
                 .env("OXCCL_UNIQUE_ID", id.to_string())
                 .env("OXCCL_SOCKET_IFNAME", "lo")
                 .env("OXCCL_TIMEOUT", "60")
+                .env("OXCCL_TRANSPORT", transport)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::null())
                 .spawn()
@@ -133,11 +134,10 @@ fn spawn_loop(n: usize, bytes: &str) -> Vec<Child> {
         .collect()
 }
 
-#[test]
-fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s() {
+fn sigkill_test(transport: &str) {
     for victim in [0usize, 1, 3] {
         let n = 4;
-        let mut kids = spawn_loop(n, "32M");
+        let mut kids = spawn_loop(n, "32M", transport);
         let mut readers: Vec<_> = kids
             .iter_mut()
             .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
@@ -171,11 +171,90 @@ fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s() {
             assert!(detail.contains("PeerLost"), "rank {r}: {detail}");
             let took = at.saturating_sub(killed_at);
             assert!(took < 5000, "rank {r} took {took} ms to report");
-            eprintln!("victim {victim}: rank {r} reported PeerLost({victim}) after {took} ms");
+            eprintln!("{transport}: victim {victim}: rank {r} reported PeerLost({victim}) after {took} ms");
         }
         for mut k in kids {
             let _ = k.kill();
             let _ = k.wait();
         }
     }
+}
+
+#[test]
+fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s_tcp() {
+    sigkill_test("tcp");
+}
+
+#[test]
+fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s_shm() {
+    sigkill_test("shm");
+}
+
+fn dev_shm() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn shared_memory_leaves_nothing_in_dev_shm_after_exit_or_sigkill() {
+    let before = dev_shm();
+    // Normal exit.
+    let out = oxrun(4, &["allreduce", "4M", "3"]);
+    assert!(out.status.success());
+    assert_eq!(dev_shm(), before, "a normal exit left files in /dev/shm");
+    // SIGKILL of every rank in the middle of traffic.
+    let mut kids = spawn_loop(4, "8M", "shm");
+    let mut readers: Vec<_> = kids
+        .iter_mut()
+        .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
+        .collect();
+    for r in readers.iter_mut() {
+        while !r.next().unwrap().unwrap().starts_with("RUNNING") {}
+    }
+    // The segments are memfds: visible in the maps as deleted files, never in /dev/shm.
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", kids[0].id())).unwrap();
+    assert!(
+        maps.contains("memfd:oxccl-shm"),
+        "rank 0 maps no oxccl segment"
+    );
+    for k in &kids {
+        // SAFETY: signalling our own children.
+        unsafe { libc::kill(k.id() as i32, libc::SIGKILL) };
+    }
+    for mut k in kids {
+        let _ = k.wait();
+    }
+    assert_eq!(
+        dev_shm(),
+        before,
+        "SIGKILL of all ranks left files in /dev/shm"
+    );
+}
+
+#[test]
+fn ten_thousand_small_all_reduces_on_4_ranks_sharing_2_cores() {
+    // A generous bound on the total (not a timing assertion on one call):
+    // a lost wake-up would stall a call until the 60 s timeout.
+    let t = Instant::now();
+    let out = oxrun(4, &["small", "10000"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("small OK: 10000"), "{stdout}");
+    assert!(
+        t.elapsed() < Duration::from_secs(120),
+        "took {:?}",
+        t.elapsed()
+    );
+    eprintln!("{}", stdout.trim());
 }

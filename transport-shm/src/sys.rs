@@ -133,8 +133,7 @@ pub fn send_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> Result<()> {
         iov_len: data.len(),
     };
     // SAFETY: CMSG_SPACE is a pure size computation.
-    let space =
-        unsafe { libc::CMSG_SPACE((fds.len() * std::mem::size_of::<RawFd>()) as u32) } as usize;
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
     // SAFETY: zeroed msghdr is valid; every pointer set below outlives the call.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -147,7 +146,7 @@ pub fn send_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> Result<()> {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
         (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN((fds.len() * std::mem::size_of::<RawFd>()) as u32) as _;
+        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of_val(fds) as u32) as _;
         std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(c) as *mut RawFd, fds.len());
     }
     // SAFETY: msg is fully initialised.

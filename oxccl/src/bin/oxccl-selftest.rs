@@ -6,6 +6,7 @@
 //! oxrun -n 4 oxccl-selftest init                # time communicator creation
 //! oxrun -n 4 oxccl-selftest loop 16M            # all_reduce until an error (fault tests)
 //! oxrun -n 4 oxccl-selftest die 2               # rank 2 SIGKILLs itself mid-job
+//! oxrun -n 4 oxccl-selftest small 10000         # many tiny all_reduces, each checked
 //! ```
 
 use oxccl::prelude::*;
@@ -104,6 +105,25 @@ fn main() {
                 if i == 1 {
                     println!("RUNNING {rank} {}", epoch_ms());
                 }
+            }
+        }
+        "small" => {
+            // Many tiny all_reduces, each checked: catches lost wake-ups and
+            // stalls when ranks outnumber cores.
+            let iters: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
+            let t = Instant::now();
+            for i in 0..iters {
+                let mut v = [(rank + i) as f32, 1.0];
+                comm.all_reduce_in_place(&mut v, ReduceOp::Sum)
+                    .unwrap_or_else(|e| fail(e));
+                let want = (0..n).map(|r| (r + i) as f32).sum::<f32>();
+                if v != [want, n as f32] {
+                    fail(format!("all_reduce #{i}: got {v:?}, want [{want}, {n}]"));
+                }
+            }
+            if rank == 0 {
+                let dt = t.elapsed().as_secs_f64();
+                println!("small OK: {iters} all_reduces of 8 bytes on {n} ranks in {dt:.3} s ({:.1} us each)", dt * 1e6 / iters as f64);
             }
         }
         "die" => {

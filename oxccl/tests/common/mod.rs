@@ -1,5 +1,5 @@
-//! In-process harness: threads as ranks over real TCP sockets on loopback,
-//! plus exact-valued test data and the references to check it.
+//! In-process harness: threads as ranks over the real transports (shared
+//! memory between ranks of one host, TCP on loopback otherwise).
 #![allow(dead_code)]
 
 use oxccl::prelude::*;
@@ -15,13 +15,40 @@ pub fn test_config() -> Config {
     }
 }
 
+/// [`test_config`] with every peer forced onto TCP.
+pub fn tcp_config() -> Config {
+    Config {
+        transport: Some("tcp".into()),
+        ..test_config()
+    }
+}
+
+/// [`test_config`] on a pretend host: ranks with the same `host` use shared
+/// memory between them, TCP to the others.
+pub fn host_config(host: usize) -> Config {
+    Config {
+        host_id: Some(format!("test-host-{host}")),
+        ..test_config()
+    }
+}
+
 /// Run `f` on `n` ranks (one thread each) of a fresh communicator.
 pub fn with_ranks<R: Send>(n: usize, cfg: Config, f: impl Fn(Communicator) -> R + Sync) -> Vec<R> {
-    let id = UniqueId::with_config(&cfg).expect("root");
+    with_rank_configs(n, |_| cfg.clone(), f)
+}
+
+/// [`with_ranks`] with a configuration per rank (e.g. a host id each, to
+/// build a communicator that mixes shared memory and TCP).
+pub fn with_rank_configs<R: Send>(
+    n: usize,
+    cfg: impl Fn(usize) -> Config,
+    f: impl Fn(Communicator) -> R + Sync,
+) -> Vec<R> {
+    let id = UniqueId::with_config(&cfg(0)).expect("root");
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (id, cfg, f) = (&id, cfg.clone(), &f);
+                let (id, cfg, f) = (&id, cfg(r), &f);
                 s.spawn(move || f(Communicator::init_with_config(id, r, n, cfg).expect("init")))
             })
             .collect();
