@@ -98,7 +98,7 @@ USAGE: <collective>_perf
   oxccl additions:
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
   [--transport <auto|tcp>]               force a transport
-  [--algo <ring>]                        force an algorithm
+  [--algo <auto|ring|oneshot>]           force the all_reduce algorithm
   [--registered]                         use communicator-registered buffers
   [--plot <file.svg>]                    bus bandwidth and time against size
   [--limit <GB/s>]                       draw a machine limit on the plot
@@ -220,11 +220,12 @@ impl Args {
             return Err("the step (-f > 1 or -i > 0) must make sizes grow".into());
         }
         if let Some(algo) = &a.algo {
-            if algo != "ring" {
-                return Err(format!(
-                    "--algo {algo:?}: this build has the ring algorithm (ring)"
-                ));
+            if algo != "ring" && algo != "oneshot" && algo != "auto" {
+                return Err(format!("--algo {algo:?}: use auto, ring or oneshot"));
             }
+        }
+        if a.algo.as_deref() == Some("auto") {
+            a.algo = None;
         }
         Ok(a)
     }
@@ -286,5 +287,7 @@ mod tests {
         assert!(p("--bogus 1").is_err());
         assert!(p("-b").is_err());
         assert!(p("--algo tree").is_err());
+        assert!(p("--algo oneshot").is_ok());
+        assert!(p("--algo oneshot").is_ok());
     }
 }

@@ -79,6 +79,9 @@ fn connect(args: &Args) -> oxccl::Result<Communicator> {
     if let Some(t) = &args.transport {
         cfg.transport = Some(t.clone());
     }
+    if let Some(a) = &args.algo {
+        cfg.algo = Some(a.clone());
+    }
     if launch::under_launcher() {
         let env = oxccl::launch_env()?;
         let id = env.root.into_id(env.rank, cfg.timeout)?;

@@ -70,7 +70,24 @@ fn run_coll(
     let (r, n) = (inner.rank, inner.nranks);
     let chunk = inner.chunk_elems(c.dtype);
     let avg = c.op == ReduceOp::Avg;
-    let sched = match c.kind {
+    let oneshot = c.kind == Kind::AllReduce
+        && match inner.config.algo.as_deref() {
+            Some("oneshot") => true,
+            Some(_) => false,
+            None => c.count * c.dtype.size() <= inner.config.oneshot_bytes,
+        };
+    // Same call shape, same schedule: build it once (latency of small calls).
+    let key = (
+        c.kind as u8,
+        c.count,
+        chunk,
+        c.root,
+        avg,
+        c.in_place,
+        oneshot,
+    );
+    let sched = st.schedule(key, || match c.kind {
+        Kind::AllReduce if oneshot => schedule::all_reduce_oneshot(r, n, c.count, avg),
         Kind::AllReduce => schedule::all_reduce(r, n, c.count, chunk, avg),
         Kind::AllGather => schedule::all_gather(r, n, c.count, chunk),
         Kind::ReduceScatter => schedule::reduce_scatter(r, n, c.count, chunk, avg),
@@ -79,7 +96,7 @@ fn run_coll(
         Kind::AllToAll => schedule::all_to_all(r, n, c.count, chunk, c.in_place),
         Kind::Barrier => schedule::barrier(r, n),
         Kind::P2p => unreachable!("point-to-point goes through groups"),
-    };
+    });
     let input = send.unwrap_or(recv);
     inner.execute(st, c.fingerprint(), &sched, &[input, recv], None)
 }

@@ -25,7 +25,7 @@ use crate::work::{Work, Worker};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A group of `nranks` processes (or threads) that communicate.
 /// `Send + Sync`: calls may come from any thread; they run in issue order.
@@ -57,9 +57,40 @@ pub(crate) struct State {
     control: Control,
     /// Sequence number of the next collective.
     seq: u64,
+    /// When the control connection was last read between calls.
+    control_checked: Instant,
+    /// Recently used schedules by call shape, most recent last.
+    schedules: Vec<(SchedKey, Arc<Schedule>)>,
     /// Point-to-point operations issued per peer, per direction.
     p2p_sent: Vec<u64>,
     p2p_recvd: Vec<u64>,
+}
+
+/// What makes two calls need the same schedule: (kind, count, chunk,
+/// root, avg, in place, one-shot).
+pub(crate) type SchedKey = (u8, usize, usize, usize, bool, bool, bool);
+
+/// Schedules kept per communicator.
+const SCHEDULE_CACHE: usize = 16;
+
+impl State {
+    /// The schedule for `key`, built by `build` on a miss.
+    pub(crate) fn schedule(
+        &mut self,
+        key: SchedKey,
+        build: impl FnOnce() -> Schedule,
+    ) -> Arc<Schedule> {
+        if let Some(i) = self.schedules.iter().position(|(k, _)| *k == key) {
+            let hit = self.schedules.remove(i);
+            self.schedules.push(hit);
+        } else {
+            if self.schedules.len() == SCHEDULE_CACHE {
+                self.schedules.remove(0);
+            }
+            self.schedules.push((key, Arc::new(build())));
+        }
+        self.schedules.last().unwrap().1.clone()
+    }
 }
 
 /// Stable identity of this host: host name, the kernel's boot id and the
@@ -192,6 +223,8 @@ impl Communicator {
                 state: Mutex::new(State {
                     net: Net::new(links),
                     control,
+                    control_checked: Instant::now(),
+                    schedules: Vec::new(),
                     seq: 0,
                     p2p_sent: vec![0; nranks],
                     p2p_recvd: vec![0; nranks],
@@ -429,10 +462,14 @@ impl Inner {
         };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
         // A failure elsewhere that was announced while this rank was between
-        // calls fails this call before it sends anything.
-        if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
-            let cx_err = executor::notice_to_error(n, &self.peers, &during);
-            return Err(cx_err);
+        // calls fails this call before it sends anything. (Checked at most
+        // once a millisecond: back-to-back calls would otherwise pay a system
+        // call each, and a failure still surfaces in any wait.)
+        if st.control_checked.elapsed() > Duration::from_millis(1) {
+            st.control_checked = Instant::now();
+            if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
+                return Err(executor::notice_to_error(n, &self.peers, &during));
+            }
         }
         let mut cx = CallCtx {
             nranks: self.nranks,

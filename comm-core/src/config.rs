@@ -33,6 +33,12 @@ pub struct Config {
     /// are on one host (shared memory between them); unset, it is derived
     /// from host name, boot id and network namespace.
     pub host_id: Option<String>,
+    /// Force an all-reduce algorithm (`OXCCL_ALGO`: `ring` or `oneshot`);
+    /// unset, the size decides (see `oneshot_bytes`).
+    pub algo: Option<String>,
+    /// Largest all-reduce (bytes per rank) that uses the one-shot algorithm
+    /// when no algorithm is forced (`OXCCL_ONESHOT_BYTES`).
+    pub oneshot_bytes: usize,
 }
 
 impl Default for Config {
@@ -46,6 +52,8 @@ impl Default for Config {
             transport: None,
             spin: Duration::from_micros(50),
             host_id: None,
+            algo: None,
+            oneshot_bytes: 16 << 10,
         }
     }
 }
@@ -103,6 +111,14 @@ impl Config {
         }
         c.socket_ifname = env("OXCCL_SOCKET_IFNAME");
         c.host_id = env("OXCCL_HOSTID");
+        c.algo = env("OXCCL_ALGO").filter(|a| a != "auto");
+        if let Some(v) = env("OXCCL_ONESHOT_BYTES") {
+            c.oneshot_bytes = parse_bytes(&v).ok_or_else(|| {
+                Error::Config(format!(
+                    "OXCCL_ONESHOT_BYTES={v:?} is not a size (e.g. 16K)"
+                ))
+            })?;
+        }
         c.transport = env("OXCCL_TRANSPORT").filter(|t| t != "auto");
         c.validate()?;
         Ok(c)
@@ -121,6 +137,13 @@ impl Config {
                 "chunk size (OXCCL_BUFFSIZE) must be 4K..1G, got {}",
                 self.chunk_bytes
             )));
+        }
+        if let Some(a) = &self.algo {
+            if a != "ring" && a != "oneshot" {
+                return Err(Error::Config(format!(
+                    "algorithm (OXCCL_ALGO) {a:?}: use ring, oneshot or auto"
+                )));
+            }
         }
         if self.timeout.is_zero() {
             return Err(Error::Config("timeout must be > 0".into()));

@@ -383,6 +383,41 @@ pub(crate) fn execute(
                         kernels::div_assign(s, cx.nranks);
                     });
                 }
+                Action::Combine {
+                    dst,
+                    input,
+                    slots,
+                    me,
+                } => {
+                    let (d, n) = mem(bufs, scratch, scratch_bytes, dst, es);
+                    let (mut inp, _) = mem(bufs, scratch, scratch_bytes, input, es);
+                    let slot = |k: usize| Span::new(slots.buf, slots.off + k * dst.len, dst.len);
+                    if inp == d {
+                        // In place: keep our contribution in our own (unused) slot.
+                        let (own, _) = mem(bufs, scratch, scratch_bytes, slot(me), es);
+                        // SAFETY: both spans hold n bytes; the slot is scratch, distinct from dst.
+                        unsafe { std::ptr::copy_nonoverlapping(inp, own, n) };
+                        inp = own;
+                    }
+                    let srcs: Vec<*const u8> = (0..cx.nranks)
+                        .map(|k| {
+                            if k == me {
+                                inp as *const u8
+                            } else {
+                                mem(bufs, scratch, scratch_bytes, slot(k), es).0 as *const u8
+                            }
+                        })
+                        .collect();
+                    with_dtype!(cx.dtype, T => {
+                        let len = n / es;
+                        // SAFETY: every source holds `len` elements of T, aligned, and
+                        // none of them is `dst` (the own input was moved to scratch above).
+                        let views: Vec<&[T]> = srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(*p as *const T, len) }).collect();
+                        // SAFETY: dst holds `len` writable elements nobody else touches now.
+                        let out = unsafe { std::slice::from_raw_parts_mut(d as *mut T, len) };
+                        kernels::reduce_n(cx.op, out, &views);
+                    });
+                }
                 _ => unreachable!(),
             }
             done[i as usize] = true;

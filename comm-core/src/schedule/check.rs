@@ -154,6 +154,35 @@ fn simulate(
                             .clone_from_slice(&v);
                         true
                     }
+                    Action::Combine {
+                        dst,
+                        input,
+                        slots,
+                        me,
+                    } => {
+                        let srcs: Vec<Vec<Val>> = (0..n)
+                            .map(|k| {
+                                if k == me {
+                                    read(&ranks[r], input)
+                                } else {
+                                    read(
+                                        &ranks[r],
+                                        Span::new(slots.buf, slots.off + k * dst.len, dst.len),
+                                    )
+                                }
+                            })
+                            .collect();
+                        let out: Vec<Val> = (0..dst.len)
+                            .map(|i| {
+                                let parts: Vec<String> =
+                                    srcs.iter().map(|v| v[i].clone().unwrap()).collect();
+                                Some(format!("({})", parts.join("+")))
+                            })
+                            .collect();
+                        ranks[r].bufs.get_mut(&dst.buf).unwrap()[dst.off..dst.off + dst.len]
+                            .clone_from_slice(&out);
+                        true
+                    }
                     Action::Divide { dst } => {
                         let b = ranks[r].bufs.get_mut(&dst.buf).unwrap();
                         for x in &mut b[dst.off..dst.off + dst.len] {
@@ -427,4 +456,33 @@ fn barrier_and_p2p_complete() {
     });
     assert_eq!(ranks[0].bufs[&3], vals(1, 10, 0));
     assert_eq!(ranks[1].bufs[&3], vals(0, 10, 0));
+}
+
+#[test]
+fn oneshot_all_reduce_is_complete_and_identical_everywhere() {
+    for n in NS {
+        for count in counts(n) {
+            for avg in [false, true] {
+                let sc: Vec<Schedule> = (0..n)
+                    .map(|r| all_reduce_oneshot(r, n, count, avg))
+                    .collect();
+                let ranks = simulate_all(&sc, |r| {
+                    let mut m = HashMap::new();
+                    m.insert(INPUT, vals(r, count, 0));
+                    m.insert(OUTPUT, vec![None; count]);
+                    m
+                });
+                for i in 0..count {
+                    let e0 = ranks[0].bufs[&OUTPUT][i].clone().unwrap();
+                    let mut want: Vec<String> = (0..n).map(|r| leaf(r, i)).collect();
+                    want.sort();
+                    assert_eq!(leaves(&e0), want, "n={n} count={count} elem {i}: {e0}");
+                    assert_eq!(e0.starts_with("avg"), avg && n > 1);
+                    for rk in &ranks {
+                        assert_eq!(rk.bufs[&OUTPUT][i].as_ref(), Some(&e0));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -16,7 +16,7 @@ mod direct;
 mod ring;
 
 pub use chain::{broadcast, reduce};
-pub use direct::{all_to_all, barrier, p2p, P2pStep};
+pub use direct::{all_reduce_oneshot, all_to_all, barrier, p2p, P2pStep};
 pub use ring::{all_gather, all_reduce, reduce_scatter};
 
 /// Index of a buffer in the table the executor is given. Algorithms use
@@ -58,6 +58,16 @@ pub enum Action {
     Copy { src: Span, dst: Span },
     /// Divide `dst` by the rank count (the end of `Avg`).
     Divide { dst: Span },
+    /// `dst = src_0 op src_1 op .. op src_{n-1}`, combined in rank order,
+    /// where `src_me` is `input` and every other `src_k` is the `dst.len`
+    /// elements at `slots.off + k * dst.len` of `slots.buf`. Every rank that
+    /// combines the same contributions computes the same bits.
+    Combine {
+        dst: Span,
+        input: Span,
+        slots: Span,
+        me: usize,
+    },
 }
 
 /// One step and the steps it waits for.
