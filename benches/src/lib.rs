@@ -117,7 +117,8 @@ fn measure<T: TestElem>(
     let mut bufs = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
     // One untimed run on fresh buffers: the checked one, and it also faults
     // every page in (nccl-tests' long-lived buffers never pay that in the loop).
-    case.coll.run(comm, &mut bufs, case.op, case.root, in_place)?;
+    case.coll
+        .run(comm, &mut bufs, case.op, case.root, in_place)?;
     if args.check {
         if args.corrupt_rank == Some(comm.rank()) {
             case.coll.corrupt(comm, &shape, &mut bufs, in_place);

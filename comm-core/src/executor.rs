@@ -65,6 +65,22 @@ pub struct Net {
     scratch: Vec<u64>,
     pollfds: Vec<libc::pollfd>,
     pollmap: Vec<usize>,
+    work: Work,
+}
+
+/// Per-call bookkeeping, kept between calls so that a call allocates
+/// nothing once the communicator has warmed up (small-message latency).
+#[derive(Default)]
+struct Work {
+    chans: Vec<Chan>,
+    nchans: usize,
+    msg_of: Vec<u32>,
+    sent: Vec<u32>,
+    recvd: Vec<u32>,
+    locals: Vec<u32>,
+    done: Vec<bool>,
+    /// Source addresses of a `Combine`.
+    srcs: Vec<usize>,
 }
 
 impl Net {
@@ -76,6 +92,7 @@ impl Net {
             scratch: Vec::new(),
             pollfds: Vec::new(),
             pollmap: Vec::new(),
+            work: Work::default(),
         }
     }
 
@@ -270,6 +287,19 @@ pub(crate) fn execute(
     net: &mut Net,
     cx: &mut CallCtx<'_>,
 ) -> Result<()> {
+    let mut w = std::mem::take(&mut net.work);
+    let r = execute_with(sched, bufs, net, cx, &mut w);
+    net.work = w;
+    r
+}
+
+fn execute_with(
+    sched: &Schedule,
+    bufs: &[BufSpec],
+    net: &mut Net,
+    cx: &mut CallCtx<'_>,
+    w: &mut Work,
+) -> Result<()> {
     let es = cx.dtype.size();
     let nsteps = sched.steps.len();
     if nsteps == 0 {
@@ -283,12 +313,26 @@ pub(crate) fn execute(
     let scratch = net.scratch.as_mut_ptr() as *mut u8;
 
     // Assign every message its index and its (peer, stream) channel.
-    let mut chans: Vec<Chan> = Vec::new();
-    let mut chan_of: Vec<usize> = vec![usize::MAX; nsteps];
-    let mut msg_of: Vec<u32> = vec![0; nsteps];
-    let mut sent: Vec<u32> = vec![0; cx.nranks];
-    let mut recvd: Vec<u32> = vec![0; cx.nranks];
-    let mut locals: Vec<u32> = Vec::new();
+    w.nchans = 0;
+    w.msg_of.clear();
+    w.msg_of.resize(nsteps, 0);
+    w.sent.clear();
+    w.sent.resize(cx.nranks, 0);
+    w.recvd.clear();
+    w.recvd.resize(cx.nranks, 0);
+    w.locals.clear();
+    w.done.clear();
+    w.done.resize(nsteps, false);
+    let Work {
+        chans,
+        nchans,
+        msg_of,
+        sent,
+        recvd,
+        locals,
+        done,
+        srcs,
+    } = w;
     for (i, st) in sched.steps.iter().enumerate() {
         let (peer, is_send) = match st.action {
             Action::Send { peer, .. } => (peer, true),
@@ -316,13 +360,13 @@ pub(crate) fn execute(
         let msg = *counter;
         *counter += 1;
         let stream = msg as usize % link.streams().min(MAX_STREAMS);
-        let c = match chans
+        let c = match chans[..*nchans]
             .iter()
             .position(|c| c.peer == peer && c.stream == stream)
         {
             Some(c) => c,
             None => {
-                chans.push(Chan {
+                let fresh = Chan {
                     peer,
                     stream,
                     sends: Vec::new(),
@@ -333,8 +377,26 @@ pub(crate) fn execute(
                     r_head: 0,
                     r_off: 0,
                     r_hdr: [0; HEADER_LEN],
-                });
-                chans.len() - 1
+                };
+                if *nchans < chans.len() {
+                    // Reuse the slot and its lists' capacity.
+                    let old = &mut chans[*nchans];
+                    let (mut sends, mut recvs) = (
+                        std::mem::take(&mut old.sends),
+                        std::mem::take(&mut old.recvs),
+                    );
+                    sends.clear();
+                    recvs.clear();
+                    *old = Chan {
+                        sends,
+                        recvs,
+                        ..fresh
+                    };
+                } else {
+                    chans.push(fresh);
+                }
+                *nchans += 1;
+                *nchans - 1
             }
         };
         if is_send {
@@ -342,11 +404,10 @@ pub(crate) fn execute(
         } else {
             chans[c].recvs.push(i as u32);
         }
-        chan_of[i] = c;
         msg_of[i] = msg;
     }
 
-    let mut done = vec![false; nsteps];
+    let chans = &mut chans[..*nchans];
     let mut remaining = nsteps;
     let mut idle_since: Option<Instant> = None;
     let ready = |done: &[bool], i: u32| {
@@ -360,8 +421,8 @@ pub(crate) fn execute(
         let mut progressed = false;
 
         // Local steps whose inputs are ready.
-        for &i in &locals {
-            if done[i as usize] || !ready(&done, i) {
+        for &i in locals.iter() {
+            if done[i as usize] || !ready(done, i) {
                 continue;
             }
             match sched.steps[i as usize].action {
@@ -399,23 +460,32 @@ pub(crate) fn execute(
                         unsafe { std::ptr::copy_nonoverlapping(inp, own, n) };
                         inp = own;
                     }
-                    let srcs: Vec<*const u8> = (0..cx.nranks)
-                        .map(|k| {
-                            if k == me {
-                                inp as *const u8
-                            } else {
-                                mem(bufs, scratch, scratch_bytes, slot(k), es).0 as *const u8
-                            }
-                        })
-                        .collect();
+                    srcs.clear();
+                    for k in 0..cx.nranks {
+                        srcs.push(if k == me {
+                            inp as usize
+                        } else {
+                            mem(bufs, scratch, scratch_bytes, slot(k), es).0 as usize
+                        });
+                    }
                     with_dtype!(cx.dtype, T => {
                         let len = n / es;
                         // SAFETY: every source holds `len` elements of T, aligned, and
                         // none of them is `dst` (the own input was moved to scratch above).
-                        let views: Vec<&[T]> = srcs.iter().map(|p| unsafe { std::slice::from_raw_parts(*p as *const T, len) }).collect();
+                        let view = |p: usize| unsafe { std::slice::from_raw_parts(p as *const T, len) };
                         // SAFETY: dst holds `len` writable elements nobody else touches now.
                         let out = unsafe { std::slice::from_raw_parts_mut(d as *mut T, len) };
-                        kernels::reduce_n(cx.op, out, &views);
+                        // Up to 32 sources live on the stack: no allocation per call.
+                        if srcs.len() <= 32 {
+                            let mut views: [&[T]; 32] = [&[]; 32];
+                            for (v, p) in views.iter_mut().zip(srcs.iter()) {
+                                *v = view(*p);
+                            }
+                            kernels::reduce_n(cx.op, out, &views[..srcs.len()]);
+                        } else {
+                            let views: Vec<&[T]> = srcs.iter().map(|p| view(*p)).collect();
+                            kernels::reduce_n(cx.op, out, &views);
+                        }
                     });
                 }
                 _ => unreachable!(),
@@ -429,7 +499,7 @@ pub(crate) fn execute(
             // Sends, in order, as far as the socket takes them.
             while ch.s_head < ch.sends.len() {
                 let i = ch.sends[ch.s_head];
-                if !ready(&done, i) {
+                if !ready(done, i) {
                     break;
                 }
                 let Action::Send { src, .. } = sched.steps[i as usize].action else {
@@ -480,7 +550,7 @@ pub(crate) fn execute(
             // Receives, in order.
             while ch.r_head < ch.recvs.len() {
                 let i = ch.recvs[ch.r_head];
-                if !ready(&done, i) {
+                if !ready(done, i) {
                     break;
                 }
                 let (dst, reduce_with) = match sched.steps[i as usize].action {
@@ -577,7 +647,7 @@ pub(crate) fn execute(
                 }
                 continue;
             }
-            wait(&chans, &done, sched, net, cx)?;
+            wait(chans, done, sched, net, cx)?;
             idle_since = None;
         }
     }
