@@ -1,4 +1,4 @@
-//! Transport micro-benchmarks, per transport (TCP today): ping-pong
+//! Transport micro-benchmarks, per transport (TCP, shared memory): ping-pong
 //! latency (8 B .. 64 KiB, half a round trip per iteration) and streaming
 //! bandwidth (4 MiB messages one way), between two ranks (threads of this
 //! process) over a real communicator on loopback.
@@ -52,7 +52,7 @@ fn pair(transport: &str) -> (Communicator, Sender<Job>, std::thread::JoinHandle<
 }
 
 fn transports(c: &mut Criterion) {
-    for t in ["tcp"] {
+    for t in ["tcp", "shm"] {
         let (comm, tx, peer) = pair(t);
         let mut buf = vec![1u8; 4 << 20];
         let mut g = c.benchmark_group(format!("{t}_pingpong"));
