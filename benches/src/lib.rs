@@ -49,8 +49,11 @@ pub fn main(coll: Coll) -> i32 {
             });
         }
     }
-    if args.registered {
-        eprintln!("{}: --registered needs a transport with registered memory (shared memory); this build has only tcp", coll.program());
+    if args.registered && coll != Coll::AllReduce {
+        eprintln!(
+            "{}: --registered (zero-copy registered buffers) is implemented for all_reduce_perf",
+            coll.program()
+        );
         return 2;
     }
     let comm = match connect(&args) {
@@ -138,8 +141,19 @@ fn measure<T: TestElem>(
             comm.barrier()?;
         }
     }
-    let mut secs = [t.elapsed().as_secs_f64() / (args.iters * args.agg_iters) as f64];
-    // Combine times across ranks as -a says.
+    let (secs, wrong) = across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)?;
+    Ok((secs, wrong, shape))
+}
+
+/// Per-call time combined across ranks as `-a` says, and the wrong count
+/// summed over ranks.
+fn across_ranks(
+    comm: &Communicator,
+    args: &Args,
+    elapsed: f64,
+    wrong: u64,
+) -> oxccl::Result<(f64, u64)> {
+    let mut secs = [elapsed / (args.iters * args.agg_iters) as f64];
     match args.average {
         0 => comm.broadcast_in_place(&mut secs, 0)?,
         1 => comm.all_reduce_in_place(&mut secs, ReduceOp::Avg)?,
@@ -148,7 +162,54 @@ fn measure<T: TestElem>(
     }
     let mut w = [wrong];
     comm.all_reduce_in_place(&mut w, ReduceOp::Sum)?;
-    Ok((secs[0], w[0], shape))
+    Ok((secs[0], w[0]))
+}
+
+/// [`measure`] for all_reduce on registered buffers (`--registered`): the
+/// same data and check, the zero-copy path.
+fn measure_registered<T: TestElem>(
+    comm: &Communicator,
+    args: &Args,
+    case: &Case,
+    bytes: usize,
+    in_place: bool,
+) -> oxccl::Result<(f64, u64, coll::Shape)> {
+    let shape = case.coll.shape(bytes, T::DTYPE.size(), comm.nranks());
+    let mut plain = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
+    let mut send = comm.alloc_shared::<T>(shape.send_len)?;
+    send.copy_from_slice(&plain.send);
+    let mut recv = comm.alloc_shared::<T>(shape.recv_len)?;
+    recv.copy_from_slice(&plain.recv);
+    let run = |send: &oxccl::SharedBuffer<T>, recv: &mut oxccl::SharedBuffer<T>| {
+        if in_place {
+            comm.all_reduce_shared(recv, case.op)
+        } else {
+            comm.all_reduce_shared_from(send, recv, case.op)
+        }
+    };
+    run(&send, &mut recv)?;
+    let mut wrong = 0;
+    if args.check {
+        plain.recv.copy_from_slice(&recv);
+        if args.corrupt_rank == Some(comm.rank()) {
+            case.coll.corrupt(comm, &shape, &mut plain, in_place);
+        }
+        wrong = case
+            .coll
+            .wrong(comm, &shape, &plain, case.op, case.root, in_place);
+    }
+    comm.barrier()?;
+    let t = Instant::now();
+    for _ in 0..args.iters {
+        for _ in 0..args.agg_iters {
+            run(&send, &mut recv)?;
+        }
+        if args.blocking {
+            comm.barrier()?;
+        }
+    }
+    let (secs, wrong) = across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)?;
+    Ok((secs, wrong, shape))
 }
 
 fn warmup<T: TestElem>(comm: &Communicator, args: &Args, case: &Case) -> oxccl::Result<()> {
@@ -173,8 +234,13 @@ fn row(
     let mut out = Vec::new();
     let mut shape = None;
     for in_place in [false, true] {
-        let (secs, wrong, s) =
-            with_dtype!(case.dtype, T => measure::<T>(comm, args, case, bytes, in_place))?;
+        let (secs, wrong, s) = with_dtype!(case.dtype, T => {
+            if args.registered {
+                measure_registered::<T>(comm, args, case, bytes, in_place)
+            } else {
+                measure::<T>(comm, args, case, bytes, in_place)
+            }
+        })?;
         let algbw = if secs > 0.0 {
             s.bytes as f64 / secs / 1e9
         } else {

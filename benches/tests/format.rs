@@ -214,7 +214,62 @@ fn bad_flags_exit_2_with_a_message() {
     let (code, _, err) = run(Coll::AllReduce, &["-d", "float128"]);
     assert_eq!(code, 2);
     assert!(err.contains("unknown datatype"));
-    let (code, _, err) = run(Coll::AllReduce, &["--registered"]);
+    let (code, _, err) = run(Coll::AllGather, &["--registered"]);
     assert_eq!(code, 2);
     assert!(err.contains("registered"));
+}
+
+#[test]
+fn registered_all_reduce_checks_exactly_and_can_fail() {
+    let (code, out, err) = run(
+        Coll::AllReduce,
+        &[
+            "--np",
+            "3",
+            "-b",
+            "8",
+            "-e",
+            "1M",
+            "-f",
+            "32",
+            "-n",
+            "2",
+            "-d",
+            "all",
+            "-o",
+            "all",
+            "--registered",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    let p = parse(&out).unwrap();
+    assert_eq!(p.rows.len(), 10 * 5 * 4);
+    assert!(
+        p.rows
+            .iter()
+            .all(|r| r.oop.wrong == Some(0) && r.ip.wrong == Some(0)),
+        "{out}"
+    );
+    let (code, out, _) = run(
+        Coll::AllReduce,
+        &[
+            "--np",
+            "2",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+            "-n",
+            "2",
+            "--registered",
+            "--corrupt-rank",
+            "0",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(parse(&out)
+        .unwrap()
+        .rows
+        .iter()
+        .all(|r| r.oop.wrong == Some(1)));
 }

@@ -46,7 +46,7 @@ pub(crate) struct Inner {
     turn: Mutex<u64>,
     turn_cv: Condvar,
     poison: Mutex<Option<Error>>,
-    aborted: AtomicBool,
+    pub(crate) aborted: AtomicBool,
     abort_fd: OwnedFd,
     pub(crate) worker: Worker,
     _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
@@ -54,9 +54,17 @@ pub(crate) struct Inner {
 
 pub(crate) struct State {
     net: Net,
-    control: Control,
+    pub(crate) control: Control,
     /// Sequence number of the next collective.
-    seq: u64,
+    pub(crate) seq: u64,
+    /// Shared flag pages of this host's ranks (first `alloc_shared`).
+    pub(crate) flags: Option<crate::registered::Flags>,
+    /// Shared buffers allocated so far (their ids).
+    pub(crate) shared_allocs: u64,
+    /// Zero-copy collectives run so far (each takes three flag phases).
+    pub(crate) shared_epoch: u32,
+    /// Temporary chunk for in-place zero-copy reductions.
+    pub(crate) shared_tmp: Vec<u64>,
     /// When the control connection was last read between calls.
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
@@ -224,6 +232,10 @@ impl Communicator {
                     net: Net::new(links),
                     control,
                     control_checked: Instant::now(),
+                    flags: None,
+                    shared_allocs: 0,
+                    shared_epoch: 0,
+                    shared_tmp: Vec::new(),
                     schedules: Vec::new(),
                     seq: 0,
                     p2p_sent: vec![0; nranks],

@@ -24,7 +24,7 @@ pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
 pub use comm_core::{
     bf16, f16, Communicator, Config, DataType, Element, Error, P2p, PeerInfo, ReduceOp, Result,
-    UniqueId, Work,
+    SharedBuffer, UniqueId, Work,
 };
 pub use comm_core::{schedule, transport};
 

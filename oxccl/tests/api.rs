@@ -305,3 +305,106 @@ fn fnv_hash(v: &[f32]) -> u64 {
         (h ^ x.to_bits() as u64).wrapping_mul(0x100_0000_01b3)
     })
 }
+
+mod registered {
+    use super::common::*;
+    use oxccl::prelude::*;
+    use oxccl::selftest::{data, expected, TestElem};
+    use oxccl::{bf16, f16};
+
+    fn check<T: TestElem>(c: &Communicator, counts: &[usize]) {
+        let (r, n) = (c.rank(), c.nranks());
+        for &count in counts {
+            for op in ReduceOp::ALL {
+                let input: Vec<T> = data(op, r, 0, count);
+                let mut buf = c.alloc_shared::<T>(count).unwrap();
+                assert_eq!(
+                    buf.is_zero_copy(),
+                    n > 1 && c.peers().iter().all(|p| p.host_id == c.peers()[0].host_id)
+                );
+                buf.copy_from_slice(&input);
+                c.all_reduce_shared(&mut buf, op).unwrap();
+                for i in 0..count {
+                    assert!(
+                        T::same(buf[i], expected(op, n, i)),
+                        "{} {op} count {count} in place [{i}]",
+                        T::DTYPE
+                    );
+                }
+                let mut send = c.alloc_shared::<T>(count).unwrap();
+                send.copy_from_slice(&input);
+                let mut recv = c.alloc_shared::<T>(count).unwrap();
+                c.all_reduce_shared_from(&send, &mut recv, op).unwrap();
+                for i in 0..count {
+                    assert!(
+                        T::same(recv[i], expected(op, n, i)),
+                        "{} {op} count {count} out of place [{i}]",
+                        T::DTYPE
+                    );
+                }
+                assert_eq!(&send[..], &input[..], "the send buffer must not change");
+            }
+        }
+    }
+
+    fn all_types(c: &Communicator) {
+        let n = c.nranks();
+        let counts = [0, 1, 7, n - 1, n + 1, 200_003];
+        check::<i8>(c, &counts);
+        check::<u8>(c, &counts);
+        check::<i32>(c, &counts);
+        check::<u32>(c, &counts);
+        check::<i64>(c, &counts);
+        check::<u64>(c, &counts);
+        check::<f16>(c, &counts);
+        check::<bf16>(c, &counts);
+        check::<f32>(c, &counts);
+        check::<f64>(c, &counts);
+    }
+
+    #[test]
+    fn zero_copy_all_reduce_matrix() {
+        for n in [2, 3, 4, 5, 8] {
+            with_ranks(n, test_config(), |c| all_types(&c));
+        }
+    }
+
+    #[test]
+    fn registered_buffers_across_hosts_fall_back_and_stay_correct() {
+        with_rank_configs(4, |r| host_config(r % 2), |c| all_types(&c));
+    }
+
+    #[test]
+    fn a_different_op_on_registered_buffers_is_a_mismatch() {
+        with_ranks(3, test_config(), |c| {
+            let mut b = c.alloc_shared::<f32>(100).unwrap();
+            let op = if c.rank() == 1 {
+                ReduceOp::Max
+            } else {
+                ReduceOp::Sum
+            };
+            let e = c.all_reduce_shared(&mut b, op).unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    Error::Mismatch { .. } | Error::Remote { .. } | Error::PeerLost { .. }
+                ),
+                "{e:?}"
+            );
+            if c.rank() == 1 {
+                assert!(
+                    matches!(e, Error::Mismatch { .. }),
+                    "rank 1 sees the others' sum: {e:?}"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn mismatched_allocation_sizes_are_an_argument_error() {
+        with_ranks(2, test_config(), |c| {
+            let e = c.alloc_shared::<f32>(10 + c.rank()).err().unwrap();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        });
+    }
+}

@@ -110,6 +110,10 @@ fn now_ms() -> u128 {
 /// Start `n` ranks of `selftest loop` directly (not under oxrun, which
 /// would stop the survivors itself) with a root hosted by this process.
 fn spawn_loop(n: usize, bytes: &str, transport: &str) -> Vec<Child> {
+    spawn_mode(n, "loop", bytes, transport)
+}
+
+fn spawn_mode(n: usize, mode: &str, bytes: &str, transport: &str) -> Vec<Child> {
     let id = oxccl::UniqueId::serve(
         "127.0.0.1:0".parse().unwrap(),
         comm_core_secret(),
@@ -119,7 +123,7 @@ fn spawn_loop(n: usize, bytes: &str, transport: &str) -> Vec<Child> {
     (0..n)
         .map(|r| {
             Command::new(SELFTEST)
-                .args(["loop", bytes])
+                .args([mode, bytes])
                 .env("OXCCL_RANK", r.to_string())
                 .env("OXCCL_WORLD_SIZE", n.to_string())
                 .env("OXCCL_UNIQUE_ID", id.to_string())
@@ -135,9 +139,13 @@ fn spawn_loop(n: usize, bytes: &str, transport: &str) -> Vec<Child> {
 }
 
 fn sigkill_test(transport: &str) {
+    sigkill_mode_test("loop", transport)
+}
+
+fn sigkill_mode_test(mode: &str, transport: &str) {
     for victim in [0usize, 1, 3] {
         let n = 4;
-        let mut kids = spawn_loop(n, "32M", transport);
+        let mut kids = spawn_mode(n, mode, "32M", transport);
         let mut readers: Vec<_> = kids
             .iter_mut()
             .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
@@ -171,7 +179,7 @@ fn sigkill_test(transport: &str) {
             assert!(detail.contains("PeerLost"), "rank {r}: {detail}");
             let took = at.saturating_sub(killed_at);
             assert!(took < 5000, "rank {r} took {took} ms to report");
-            eprintln!("{transport}: victim {victim}: rank {r} reported PeerLost({victim}) after {took} ms");
+            eprintln!("{mode} {transport}: victim {victim}: rank {r} reported PeerLost({victim}) after {took} ms");
         }
         for mut k in kids {
             let _ = k.kill();
@@ -257,4 +265,9 @@ fn ten_thousand_small_all_reduces_on_4_ranks_sharing_2_cores() {
         t.elapsed()
     );
     eprintln!("{}", stdout.trim());
+}
+
+#[test]
+fn sigkill_mid_registered_all_reduce_is_peer_lost_within_5s() {
+    sigkill_mode_test("loop-registered", "shm");
 }

@@ -86,13 +86,28 @@ fn main() {
                 );
             }
         }
-        "loop" => {
+        "loop" | "loop-registered" => {
+            // all_reduce until an error; `loop-registered` uses the
+            // zero-copy path on registered buffers.
             let bytes = bytes_arg(args.get(1), 16 << 20);
+            let registered = mode == "loop-registered";
             let mut buf = vec![1.0f32; bytes / 4];
+            let mut shared = if registered {
+                Some(
+                    comm.alloc_shared::<f32>(bytes / 4)
+                        .unwrap_or_else(|e| fail(e)),
+                )
+            } else {
+                None
+            };
             println!("READY {rank} {}", epoch_ms());
             let mut i = 0u64;
             loop {
-                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+                let r = match shared.as_mut() {
+                    Some(s) => comm.all_reduce_shared(s, ReduceOp::Sum),
+                    None => comm.all_reduce_in_place(&mut buf, ReduceOp::Sum),
+                };
+                if let Err(e) = r {
                     println!(
                         "ERROR {rank} {} {}",
                         epoch_ms(),
