@@ -45,6 +45,9 @@ pub(crate) struct Inner {
     next_ticket: AtomicU64,
     turn: Mutex<u64>,
     turn_cv: Condvar,
+    /// Threads waiting for their turn (read and written under `turn`):
+    /// notifying a condvar is a system call even when nobody waits.
+    turn_waiters: AtomicU64,
     poison: Mutex<Option<Error>>,
     pub(crate) aborted: AtomicBool,
     abort_fd: OwnedFd,
@@ -245,6 +248,7 @@ impl Communicator {
                 next_ticket: AtomicU64::new(0),
                 turn: Mutex::new(0),
                 turn_cv: Condvar::new(),
+                turn_waiters: AtomicU64::new(0),
                 poison: Mutex::new(None),
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
@@ -419,7 +423,9 @@ impl Inner {
             if self.aborted.load(Ordering::Acquire) {
                 return Err(self.poisoned().unwrap_or(Error::Aborted { by: None }));
             }
+            self.turn_waiters.fetch_add(1, Ordering::Relaxed);
             t = self.turn_cv.wait(t).unwrap();
+            self.turn_waiters.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(t)
     }
@@ -448,7 +454,9 @@ impl Inner {
         };
         let mut t = self.turn.lock().unwrap();
         *t += 1;
-        self.turn_cv.notify_all();
+        if self.turn_waiters.load(Ordering::Relaxed) > 0 {
+            self.turn_cv.notify_all();
+        }
         result
     }
 
@@ -467,11 +475,7 @@ impl Inner {
             st.seq += 1;
             st.seq - 1
         };
-        let during = if fp.kind == Kind::P2p {
-            fp.to_string()
-        } else {
-            format!("{} #{seq}", fp.kind.name())
-        };
+        let during = executor::CallName { fp, seq };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
         // A failure elsewhere that was announced while this rank was between
         // calls fails this call before it sends anything. (Checked at most
@@ -480,7 +484,11 @@ impl Inner {
         if st.control_checked.elapsed() > Duration::from_millis(1) {
             st.control_checked = Instant::now();
             if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
-                return Err(executor::notice_to_error(n, &self.peers, &during));
+                return Err(executor::notice_to_error(
+                    n,
+                    &self.peers,
+                    &during.to_string(),
+                ));
             }
         }
         let mut cx = CallCtx {

@@ -115,8 +115,8 @@ pub(crate) struct CallCtx<'a> {
     pub timeout: Duration,
     /// How long to retry (yielding) before sleeping in `poll(2)`.
     pub spin: Duration,
-    /// `all_reduce #12`, for messages.
-    pub during: String,
+    /// Names the call in messages (`all_reduce #12`); built only on error.
+    pub during: CallName,
     pub peers: &'a [PeerInfo],
     /// Point-to-point groups: the (pair sequence number, fingerprint) of the
     /// operation each step belongs to, overriding `seq` and `fp`.
@@ -136,7 +136,7 @@ impl CallCtx<'_> {
 
     /// Turn a control-plane notice into this call's error.
     pub fn notice_error(&self, n: Notice) -> Error {
-        notice_to_error(n, self.peers, &self.during)
+        notice_to_error(n, self.peers, &self.during.to_string())
     }
 
     fn root_gone(&self) -> Error {
@@ -168,7 +168,7 @@ impl CallCtx<'_> {
         Error::PeerLost {
             rank: peer,
             host: self.host(peer),
-            during: self.during.clone(),
+            during: self.during.to_string(),
             detail,
         }
     }
@@ -761,7 +761,7 @@ fn wait(
         let left = cx.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Timeout {
-                during: cx.during.clone(),
+                during: cx.during.to_string(),
                 waiting_for: waiting_for.join(", "),
                 after: cx.timeout,
             });
@@ -795,6 +795,23 @@ fn wait(
         }
         if net.pollfds[..nf - 2].iter().any(|p| p.revents != 0) {
             return Ok(());
+        }
+    }
+}
+
+/// The name of a call for messages, formatted only when one is needed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallName {
+    pub fp: Fingerprint,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for CallName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.fp.kind == Kind::P2p {
+            write!(f, "{}", self.fp)
+        } else {
+            write!(f, "{} #{}", self.fp.kind.name(), self.seq)
         }
     }
 }
