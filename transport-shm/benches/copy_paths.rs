@@ -23,9 +23,13 @@ fn paths(c: &mut Criterion) {
     let mut dst = vec![0u8; BYTES];
     let mut ring = vec![0u8; 2 * PIECE];
     let mut g = c.benchmark_group("copy_64MiB");
-    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_millis(500)).sample_size(10);
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_millis(500))
+        .sample_size(10);
     g.throughput(Throughput::Bytes(BYTES as u64));
-    g.bench_function("memcpy", |b| b.iter(|| black_box(&mut dst).copy_from_slice(black_box(&src))));
+    g.bench_function("memcpy", |b| {
+        b.iter(|| black_box(&mut dst).copy_from_slice(black_box(&src)))
+    });
     g.bench_function("ring", |b| {
         b.iter(|| {
             for (i, piece) in src.chunks(PIECE).enumerate() {
@@ -54,11 +58,22 @@ fn paths(c: &mut Criterion) {
     g.bench_function("cma", |b| {
         b.iter(|| {
             for off in (0..BYTES).step_by(PIECE) {
-                let local = libc::iovec { iov_base: dst[off..].as_mut_ptr() as *mut libc::c_void, iov_len: PIECE };
-                let rem = libc::iovec { iov_base: (remote + off) as *mut libc::c_void, iov_len: PIECE };
+                let local = libc::iovec {
+                    iov_base: dst[off..].as_mut_ptr() as *mut libc::c_void,
+                    iov_len: PIECE,
+                };
+                let rem = libc::iovec {
+                    iov_base: (remote + off) as *mut libc::c_void,
+                    iov_len: PIECE,
+                };
                 // SAFETY: reading PIECE bytes of the child's copy of `src` into `dst`.
                 let n = unsafe { libc::process_vm_readv(child, &local, 1, &rem, 1, 0) };
-                assert_eq!(n, PIECE as isize, "process_vm_readv: {}", std::io::Error::last_os_error());
+                assert_eq!(
+                    n,
+                    PIECE as isize,
+                    "process_vm_readv: {}",
+                    std::io::Error::last_os_error()
+                );
             }
             black_box(&dst);
         })
