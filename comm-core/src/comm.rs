@@ -39,6 +39,8 @@ pub(crate) struct Inner {
     pub(crate) comm_id: u64,
     pub(crate) config: Config,
     pub(crate) peers: Vec<PeerInfo>,
+    /// More ranks of this communicator on this host than it has cores.
+    pub(crate) oversubscribed: bool,
     transports: Transports,
     state: Mutex<State>,
     sender: Mutex<ControlSender>,
@@ -217,6 +219,10 @@ impl Communicator {
             )));
         }
         let sender = control.sender()?;
+        let local = peers.iter().filter(|p| p.host_id == me.host_id).count();
+        let cores = std::thread::available_parallelism()
+            .map(|c| c.get())
+            .unwrap_or(1);
         tracing::info!(
             rank,
             nranks,
@@ -230,6 +236,7 @@ impl Communicator {
                 comm_id: id.comm_id(),
                 config,
                 peers,
+                oversubscribed: local > cores,
                 transports,
                 state: Mutex::new(State {
                     net: Net::new(links),
@@ -500,6 +507,7 @@ impl Inner {
             deadline: Instant::now() + self.config.timeout,
             timeout: self.config.timeout,
             spin: self.config.spin,
+            oversubscribed: self.oversubscribed,
             during,
             peers: &self.peers,
             per_step,

@@ -32,6 +32,8 @@ const MAGIC: &[u8; 4] = b"OXM1";
 /// How long a rank that saw a peer's connection close waits for the root
 /// to explain (another rank's failure) before blaming that peer.
 const EXPLAIN_GRACE: Duration = Duration::from_millis(1500);
+/// How long a waiting call spins without yielding when it has a core.
+const PURE_SPIN: Duration = Duration::from_micros(2);
 /// Streams per link the staging table is sized for.
 pub const MAX_STREAMS: usize = 16;
 
@@ -113,8 +115,10 @@ pub(crate) struct CallCtx<'a> {
     pub fp: Fingerprint,
     pub deadline: Instant,
     pub timeout: Duration,
-    /// How long to retry (yielding) before sleeping in `poll(2)`.
+    /// How long to retry before sleeping in `poll(2)`.
     pub spin: Duration,
+    /// More ranks on this host than cores: never spin without yielding.
+    pub oversubscribed: bool,
     /// Names the call in messages (`all_reduce #12`); built only on error.
     pub during: CallName,
     pub peers: &'a [PeerInfo],
@@ -640,8 +644,17 @@ fn execute_with(
             // while before sleeping: a wake-up through poll costs far more
             // than a few retries when the data is microseconds away.
             let since = *idle_since.get_or_insert_with(Instant::now);
-            if since.elapsed() < cx.spin {
-                std::thread::yield_now();
+            let idle = since.elapsed();
+            if idle < cx.spin {
+                // With a core each, the first microseconds are a pure spin
+                // (the data is usually on its way); after that, or always
+                // when this host's ranks outnumber its cores, yield so the
+                // peer we wait for can run.
+                if !cx.oversubscribed && idle < PURE_SPIN {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
                 if cx.aborted.load(Ordering::Relaxed) {
                     return Err(Error::Aborted { by: None });
                 }
