@@ -130,19 +130,31 @@ fn measure<T: TestElem>(
             .coll
             .wrong(comm, &shape, &bufs, case.op, case.root, in_place);
     }
+    let (secs, wrong) = timed(comm, args, wrong, || {
+        case.coll.run(comm, &mut bufs, case.op, case.root, in_place)
+    })?;
+    Ok((secs, wrong, shape))
+}
+
+/// The timed loop (`-n` iterations of `-m` calls, a barrier after each
+/// iteration with `-z`), then the time and wrong count across ranks.
+fn timed(
+    comm: &Communicator,
+    args: &Args,
+    wrong: u64,
+    mut call: impl FnMut() -> oxccl::Result<()>,
+) -> oxccl::Result<(f64, u64)> {
     comm.barrier()?;
     let t = Instant::now();
     for _ in 0..args.iters {
         for _ in 0..args.agg_iters {
-            case.coll
-                .run(comm, &mut bufs, case.op, case.root, in_place)?;
+            call()?;
         }
         if args.blocking {
             comm.barrier()?;
         }
     }
-    let (secs, wrong) = across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)?;
-    Ok((secs, wrong, shape))
+    across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)
 }
 
 /// Per-call time combined across ranks as `-a` says, and the wrong count
@@ -198,17 +210,7 @@ fn measure_registered<T: TestElem>(
             .coll
             .wrong(comm, &shape, &plain, case.op, case.root, in_place);
     }
-    comm.barrier()?;
-    let t = Instant::now();
-    for _ in 0..args.iters {
-        for _ in 0..args.agg_iters {
-            run(&send, &mut recv)?;
-        }
-        if args.blocking {
-            comm.barrier()?;
-        }
-    }
-    let (secs, wrong) = across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)?;
+    let (secs, wrong) = timed(comm, args, wrong, || run(&send, &mut recv))?;
     Ok((secs, wrong, shape))
 }
 

@@ -197,24 +197,18 @@ pub(crate) fn spawn_root(
 
 fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: Arc<AtomicBool>) {
     let mut conn = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((s, addr)) => {
-                let tx = tx.clone();
-                conn += 1;
-                let _ = std::thread::Builder::new()
-                    .name("oxccl-root-conn".into())
-                    .spawn(move || serve_rank(conn, s, addr, secret, tx));
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                poll_one(listener.as_raw_fd(), libc::POLLIN, 200);
-            }
-            Err(e) => {
-                tracing::warn!("oxccl root: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+    let fd = listener.as_raw_fd();
+    crate::door::accept_until(
+        "oxccl-root-conn",
+        fd,
+        &stop,
+        || {
+            let (s, addr) = listener.accept()?;
+            conn += 1;
+            Ok((conn, s, addr))
+        },
+        move |(conn, s, addr)| serve_rank(conn, s, addr, secret, tx.clone()),
+    );
 }
 
 /// Handshake, registration, then relay this rank's frames until it leaves.

@@ -28,6 +28,7 @@ use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
 use crate::executor::notice_to_error;
 use crate::schedule::{seg_len, seg_off};
+use crate::shmem::{self, Mapping as Map};
 use crate::types::{Element, ReduceOp};
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -35,72 +36,18 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-/// A shared mapping; unmapped on drop.
-struct Map {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: plain shared memory; access is coordinated by the flag protocol.
-unsafe impl Send for Map {}
-// SAFETY: as above.
-unsafe impl Sync for Map {}
-
-impl Map {
-    fn new(fd: &OwnedFd, len: usize) -> Result<Map> {
-        // SAFETY: mapping `len` bytes of a file we hold open.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::Transport {
-                peer: usize::MAX,
-                detail: format!(
-                    "mmap of a shared buffer: {}",
-                    std::io::Error::last_os_error()
-                ),
-            });
-        }
-        Ok(Map {
-            ptr: p as *mut u8,
-            len,
-        })
-    }
-}
-
-impl Drop for Map {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `new` mapped.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-    }
+fn map(fd: &OwnedFd, len: usize) -> Result<Map> {
+    Map::new(fd, len).map_err(|e| Error::Transport {
+        peer: usize::MAX,
+        detail: format!("mmap of a shared buffer: {e}"),
+    })
 }
 
 fn memfd(len: usize) -> Result<OwnedFd> {
-    // SAFETY: NUL-terminated literal name; the fd is owned below.
-    let fd = unsafe { libc::memfd_create(c"oxccl-registered".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::Transport {
-            peer: usize::MAX,
-            detail: format!("memfd_create: {}", std::io::Error::last_os_error()),
-        });
-    }
-    // SAFETY: fresh fd.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: sizing our own file.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(Error::Transport {
-            peer: usize::MAX,
-            detail: format!("ftruncate: {}", std::io::Error::last_os_error()),
-        });
-    }
-    Ok(fd)
+    shmem::memfd(c"oxccl-registered", len).map_err(|e| Error::Transport {
+        peer: usize::MAX,
+        detail: format!("memfd: {e}"),
+    })
 }
 
 /// Open another process's fd through /proc (same user).
@@ -135,12 +82,12 @@ pub(crate) struct Flags {
 impl Flags {
     fn page(&self, rank: usize, me: usize) -> *mut u8 {
         if rank == me {
-            self.own.ptr
+            self.own.ptr()
         } else {
             self.peers[rank]
                 .as_ref()
                 .expect("flag page of a local peer")
-                .ptr
+                .ptr()
         }
     }
     fn phase(&self, rank: usize, me: usize) -> &AtomicU32 {
@@ -185,12 +132,12 @@ impl<T: Element> SharedBuffer<T> {
 
     fn peer_ptr(&self, rank: usize, me: usize) -> *mut T {
         if rank == me {
-            self.own.ptr as *mut T
+            self.own.ptr() as *mut T
         } else {
             self.peers[rank]
                 .as_ref()
                 .expect("mapping of a local peer")
-                .ptr as *mut T
+                .ptr() as *mut T
         }
     }
 }
@@ -199,7 +146,7 @@ impl<T: Element> Deref for SharedBuffer<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
         // SAFETY: the mapping holds at least `len` elements of T, page aligned.
-        unsafe { std::slice::from_raw_parts(self.own.ptr as *const T, self.len) }
+        unsafe { std::slice::from_raw_parts(self.own.ptr() as *const T, self.len) }
     }
 }
 
@@ -207,7 +154,7 @@ impl<T: Element> DerefMut for SharedBuffer<T> {
     fn deref_mut(&mut self) -> &mut [T] {
         // SAFETY: as in `deref`; `&mut self` excludes other local borrows,
         // and peers read it only inside a collective this rank takes part in.
-        unsafe { std::slice::from_raw_parts_mut(self.own.ptr as *mut T, self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.own.ptr() as *mut T, self.len) }
     }
 }
 
@@ -223,7 +170,7 @@ impl Communicator {
             .max(1)
             .next_multiple_of(PAGE);
         let fd = memfd(bytes)?;
-        let own = Map::new(&fd, bytes)?;
+        let own = map(&fd, bytes)?;
         let my_host = self.peers()[me].host_id;
         let zero_copy = n > 1 && self.peers().iter().all(|p| p.host_id == my_host);
         let comm_id = self.id();
@@ -267,14 +214,14 @@ impl Communicator {
         for k in (0..n).filter(|k| *k != me) {
             let pid = all[4 * k] as u32;
             let f = open_peer_fd(pid, all[4 * k + 1] as i32, k)?;
-            buf.peers[k] = Some(Map::new(&f, bytes)?);
+            buf.peers[k] = Some(map(&f, bytes)?);
             if need_flags {
                 let ff = open_peer_fd(pid, all[4 * k + 2] as i32, k)?;
-                flag_peers[k] = Some(Map::new(&ff, PAGE)?);
+                flag_peers[k] = Some(map(&ff, PAGE)?);
             }
         }
         if let Some(ffd) = flag_fd {
-            let own = Map::new(&ffd, PAGE)?;
+            let own = map(&ffd, PAGE)?;
             let pids = (0..n).map(|k| all[4 * k] as u32).collect();
             self.run(move |_, st| {
                 st.flags = Some(Flags {

@@ -89,43 +89,20 @@ impl Transport for ShmTransport {
 
 type Incoming = (usize, Box<dyn Link>);
 
-fn accept_loop(
-    l: UnixListener,
-    ctx: comm_core::transport::SetupCtx,
-    tx: Sender<Incoming>,
-    stop: Arc<AtomicBool>,
-) {
-    while !stop.load(Ordering::Relaxed) {
-        match l.accept() {
-            Ok((s, _)) => {
-                let (tx, ctx) = (tx.clone(), ctx.clone());
-                let _ = std::thread::Builder::new()
-                    .name("oxccl-shm-door".into())
-                    .spawn(move || match admit(s, &ctx) {
-                        Ok(link) => {
-                            let _ = tx.send(link);
-                        }
-                        Err(e) => tracing::warn!(
-                            "oxccl shm: rank {} rejected a connection: {e}",
-                            ctx.rank
-                        ),
-                    });
+fn accept_loop(l: UnixListener, ctx: SetupCtx, tx: Sender<Incoming>, stop: Arc<AtomicBool>) {
+    let fd = l.as_raw_fd();
+    comm_core::door::accept_until(
+        "oxccl-shm-door",
+        fd,
+        &stop,
+        || l.accept().map(|(s, _)| s),
+        move |s| match admit(s, &ctx) {
+            Ok(link) => {
+                let _ = tx.send(link);
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                let mut p = libc::pollfd {
-                    fd: l.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd for the call.
-                unsafe { libc::poll(&mut p, 1, 200) };
-            }
-            Err(e) => {
-                tracing::warn!("oxccl shm: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+            Err(e) => tracing::warn!("oxccl shm: rank {} rejected a connection: {e}", ctx.rank),
+        },
+    );
 }
 
 /// Accept side: check the handshake, receive the segment and eventfds.

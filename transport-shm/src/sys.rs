@@ -13,63 +13,11 @@ fn cvt(r: libc::c_int) -> Result<libc::c_int> {
     }
 }
 
-/// An anonymous, never-named shared memory file of `len` bytes (memfd): it
-/// disappears with the last fd and mapping, so a crash leaves nothing behind.
+pub use comm_core::shmem::Mapping;
+
+/// An anonymous, never-named shared memory segment (memfd).
 pub fn memfd(len: usize) -> Result<OwnedFd> {
-    // SAFETY: the name is a NUL-terminated literal; the fd is owned below.
-    let fd = cvt(unsafe { libc::memfd_create(c"oxccl-shm".as_ptr(), libc::MFD_CLOEXEC) })?;
-    // SAFETY: fd is fresh and owned by nobody else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: ftruncate on our own fd.
-    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) })?;
-    Ok(fd)
-}
-
-/// A shared mapping of a memfd; unmapped on drop.
-pub struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the mapping is plain shared memory; all access from this process
-// goes through atomics or through ranges the ring protocol hands out.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// Map all `len` bytes of `fd` read-write, shared.
-    pub fn new(fd: &OwnedFd, len: usize) -> Result<Mapping> {
-        // SAFETY: mapping a file we own; the kernel checks len against it.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::last_os_error());
-        }
-        Ok(Mapping {
-            ptr: p as *mut u8,
-            len,
-        })
-    }
-
-    pub fn ptr(&self) -> *mut u8 {
-        self.ptr
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly what `new` mapped.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
-    }
+    comm_core::shmem::memfd(c"oxccl-shm", len)
 }
 
 /// A non-blocking eventfd.

@@ -82,29 +82,14 @@ fn accept_loop(
     stop: Arc<AtomicBool>,
     complete: Arc<AtomicBool>,
 ) {
-    while !stop.load(Ordering::Relaxed) {
-        match l.accept() {
-            Ok((s, peer_addr)) => {
-                let (tx, ctx, complete) = (tx.clone(), ctx.clone(), complete.clone());
-                let _ = std::thread::Builder::new()
-                    .name("oxccl-tcp-door".into())
-                    .spawn(move || admit(s, peer_addr, &ctx, &tx, &complete));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                let mut p = libc::pollfd {
-                    fd: l.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd for the duration of the call.
-                unsafe { libc::poll(&mut p, 1, 200) };
-            }
-            Err(e) => {
-                tracing::warn!("oxccl tcp: accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
+    let fd = l.as_raw_fd();
+    comm_core::door::accept_until(
+        "oxccl-tcp-door",
+        fd,
+        &stop,
+        || l.accept(),
+        move |(s, peer_addr)| admit(s, peer_addr, &ctx, &tx, &complete),
+    );
 }
 
 /// Run the server handshake for one incoming connection.
