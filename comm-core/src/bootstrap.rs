@@ -37,7 +37,8 @@ pub const MAX_RANKS: usize = 1 << 16;
 /// Read deadline for a connection to finish its handshake and registration.
 const DOOR_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Why the job is failing, as relayed between ranks.
+/// Why the job is failing, as relayed between ranks. Structured, so that
+/// every rank reports the same kind of error the detecting rank saw.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notice {
     /// `rank` died or dropped its connection without saying goodbye.
@@ -48,7 +49,23 @@ pub enum Notice {
         aborted: bool,
         message: String,
     },
+    /// Rank `a` called `a_call` while rank `b` called `b_call`.
+    Mismatch {
+        a: usize,
+        a_call: String,
+        b: usize,
+        b_call: String,
+    },
+    /// `origin` timed out after `after_ms` waiting for `waiting_for`.
+    Timeout {
+        origin: usize,
+        waiting_for: String,
+        after_ms: u64,
+    },
 }
+
+/// Longest text a notice carries (bounds the decoder).
+const NOTICE_TEXT: usize = 4096;
 
 impl Notice {
     fn encode(&self) -> Vec<u8> {
@@ -68,6 +85,28 @@ impl Notice {
                 v.put_u32(*origin as u32);
                 v.put_str(message);
             }
+            Notice::Mismatch {
+                a,
+                a_call,
+                b,
+                b_call,
+            } => {
+                v.put_u8(3);
+                v.put_u32(*a as u32);
+                v.put_str(a_call);
+                v.put_u32(*b as u32);
+                v.put_str(b_call);
+            }
+            Notice::Timeout {
+                origin,
+                waiting_for,
+                after_ms,
+            } => {
+                v.put_u8(4);
+                v.put_u32(*origin as u32);
+                v.put_str(waiting_for);
+                v.put_u64(*after_ms);
+            }
         }
         v
     }
@@ -76,13 +115,24 @@ impl Notice {
     pub fn decode(r: &mut Reader<'_>) -> Result<Notice> {
         let kind = r.u8()?;
         let rank = r.u32()? as usize;
-        let text = r.string(4096)?;
+        let text = r.string(NOTICE_TEXT)?;
         match kind {
             0 => Ok(Notice::Lost { rank, detail: text }),
             1 | 2 => Ok(Notice::Failed {
                 origin: rank,
                 aborted: kind == 2,
                 message: text,
+            }),
+            3 => Ok(Notice::Mismatch {
+                a: rank,
+                a_call: text,
+                b: r.u32()? as usize,
+                b_call: r.string(NOTICE_TEXT)?,
+            }),
+            4 => Ok(Notice::Timeout {
+                origin: rank,
+                waiting_for: text,
+                after_ms: r.u64()?,
             }),
             k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
         }

@@ -491,14 +491,18 @@ impl Inner {
         if st.control_checked.elapsed() > Duration::from_millis(1) {
             st.control_checked = Instant::now();
             if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
+                let own = executor::describe_call(&fp, seq);
                 return Err(executor::notice_to_error(
                     n,
+                    self.rank,
                     &self.peers,
                     &during.to_string(),
+                    &own,
                 ));
             }
         }
         let mut cx = CallCtx {
+            rank: self.rank,
             nranks: self.nranks,
             dtype: fp.dtype,
             op: fp.op.kernel_op(),

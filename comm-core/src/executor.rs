@@ -108,6 +108,7 @@ impl Net {
 
 /// Everything about the current call the executor needs besides buffers.
 pub(crate) struct CallCtx<'a> {
+    pub rank: usize,
     pub nranks: usize,
     pub dtype: DataType,
     pub op: kernels::Op,
@@ -140,7 +141,13 @@ impl CallCtx<'_> {
 
     /// Turn a control-plane notice into this call's error.
     pub fn notice_error(&self, n: Notice) -> Error {
-        notice_to_error(n, self.peers, &self.during.to_string())
+        notice_to_error(
+            n,
+            self.rank,
+            self.peers,
+            &self.during.to_string(),
+            &describe_call(&self.fp, self.seq),
+        )
     }
 
     fn root_gone(&self) -> Error {
@@ -217,14 +224,7 @@ impl CallCtx<'_> {
         let their_len = u64::from_le_bytes(h[24..32].try_into().unwrap());
         let fp = Fingerprint::decode(h[32..48].try_into().unwrap());
         let p2p = h[4] == 1;
-        let describe = |fp: &Fingerprint, seq: u64, p2p: bool| {
-            if p2p {
-                format!("{fp} as point-to-point message #{seq}")
-            } else {
-                format!("{fp} as collective #{seq}")
-            }
-        };
-        let mine = describe(&my_fp, my_seq, my_fp.kind == Kind::P2p);
+        let mine = describe_call(&my_fp, my_seq);
         let Some(fp) = fp else {
             return Err(Error::Protocol(format!(
                 "rank {peer} sent an unreadable call fingerprint during {}",
@@ -235,7 +235,7 @@ impl CallCtx<'_> {
             return Err(Error::Mismatch {
                 local: mine,
                 peer,
-                remote: describe(&fp, seq, p2p),
+                remote: describe_call(&fp, seq),
             });
         }
         if their_msg != msg || their_len != len as u64 {
@@ -829,8 +829,24 @@ impl std::fmt::Display for CallName {
     }
 }
 
-/// Turn a control-plane notice into the error of the call `during`.
-pub(crate) fn notice_to_error(n: Notice, peers: &[PeerInfo], during: &str) -> Error {
+/// How messages describe a call: `all_reduce(count=.., f32, sum) as collective #7`.
+pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
+    if fp.kind == Kind::P2p {
+        format!("{fp} as point-to-point message #{seq}")
+    } else {
+        format!("{fp} as collective #{seq}")
+    }
+}
+
+/// Turn a control-plane notice into the error of this rank's call
+/// (`during` names it for messages, `own` describes it for mismatches).
+pub(crate) fn notice_to_error(
+    n: Notice,
+    me: usize,
+    peers: &[PeerInfo],
+    during: &str,
+    own: &str,
+) -> Error {
     match n {
         Notice::Lost { rank, detail } => Error::PeerLost {
             rank,
@@ -852,6 +868,43 @@ pub(crate) fn notice_to_error(n: Notice, peers: &[PeerInfo], during: &str) -> Er
             rank: origin,
             message,
         },
+        // Every rank reports the disagreement as a mismatch, naming the side
+        // it does not agree with.
+        Notice::Mismatch {
+            a,
+            a_call,
+            b,
+            b_call,
+        } => {
+            if me == a || (me != b && own == a_call) {
+                Error::Mismatch {
+                    local: own.to_string(),
+                    peer: b,
+                    remote: b_call,
+                }
+            } else if me == b || own == b_call {
+                Error::Mismatch {
+                    local: own.to_string(),
+                    peer: a,
+                    remote: a_call,
+                }
+            } else {
+                Error::Mismatch {
+                    local: own.to_string(),
+                    peer: b,
+                    remote: b_call,
+                }
+            }
+        }
+        Notice::Timeout {
+            origin,
+            waiting_for,
+            after_ms,
+        } => Error::Timeout {
+            during: during.to_string(),
+            waiting_for: format!("{waiting_for} (seen by rank {origin})"),
+            after: Duration::from_millis(after_ms),
+        },
     }
 }
 
@@ -868,6 +921,24 @@ pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
             message: "abort()".into(),
         }),
         Error::Aborted { by: Some(_) } | Error::Remote { .. } => None,
+        Error::Mismatch {
+            local,
+            peer,
+            remote,
+        } => Some(Notice::Mismatch {
+            a: rank,
+            a_call: local.clone(),
+            b: *peer,
+            b_call: remote.clone(),
+        }),
+        Error::Timeout {
+            waiting_for, after, ..
+        } if !waiting_for.contains("(seen by rank") => Some(Notice::Timeout {
+            origin: rank,
+            waiting_for: waiting_for.clone(),
+            after_ms: after.as_millis() as u64,
+        }),
+        Error::Timeout { .. } => None,
         Error::InvalidArgument(_) => None,
         other => Some(Notice::Failed {
             origin: rank,

@@ -292,6 +292,7 @@ fn wait_all(
     st: &mut State,
     target: u32,
     during: &str,
+    own: &str,
     deadline: Instant,
     verify: impl Fn(&Flags, usize) -> Result<()>,
 ) -> Result<()> {
@@ -345,7 +346,7 @@ fn wait_all(
             }
             waiters.fetch_sub(1, Ordering::SeqCst);
             if let Some(ControlEvent::Notice(n)) = st.control.poll() {
-                return Err(notice_to_error(n, &inner.peers, during));
+                return Err(notice_to_error(n, me, &inner.peers, during, own));
             }
             let pid = st.flags.as_ref().unwrap().pids[k] as i32;
             // SAFETY: signal 0 only checks that the process exists.
@@ -402,6 +403,10 @@ fn zero_copy_all_reduce<T: Element>(
     let fp = Fingerprint::new(Kind::AllReduce, T::DTYPE, count).with_op(op);
     let during = format!("all_reduce #{seq} (registered)");
     let deadline = Instant::now() + inner.config.timeout;
+    let own = format!(
+        "{fp} as collective #{seq} on shared buffers {}/{}",
+        send.id, recv.id
+    );
     let base = st.shared_epoch.wrapping_mul(3);
     st.shared_epoch = st.shared_epoch.wrapping_add(1);
 
@@ -427,6 +432,7 @@ fn zero_copy_all_reduce<T: Element>(
         st,
         base.wrapping_add(1),
         &during,
+        &own,
         deadline,
         |flags, k| {
             let c = flags.call(k, me);
@@ -507,6 +513,7 @@ fn zero_copy_all_reduce<T: Element>(
         st,
         base.wrapping_add(2),
         &during,
+        &own,
         deadline,
         |_, _| Ok(()),
     )?;
@@ -530,6 +537,7 @@ fn zero_copy_all_reduce<T: Element>(
         st,
         base.wrapping_add(3),
         &during,
+        &own,
         deadline,
         |_, _| Ok(()),
     )?;

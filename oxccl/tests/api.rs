@@ -214,21 +214,23 @@ fn a_rank_that_never_calls_is_a_timeout_not_a_hang() {
             assert!(e.to_string().contains("data from rank 1"), "{e}");
         } else {
             std::thread::sleep(Duration::from_millis(1500));
-            // Rank 0's timeout was relayed.
+            // Rank 0's timeout was relayed, and names whom it waited for.
             let e = c.barrier().unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::Remote { rank: 0, .. } | Error::PeerLost { rank: 0, .. }
-                ),
-                "{e:?}"
-            );
+            match &e {
+                Error::Timeout { waiting_for, .. } => {
+                    assert!(
+                        waiting_for.contains("rank 1") && waiting_for.contains("seen by rank 0"),
+                        "{e}"
+                    )
+                }
+                other => panic!("expected the relayed timeout, got {other:?}"),
+            }
         }
     });
 }
 
 #[test]
-fn different_collectives_are_a_mismatch_not_a_hang() {
+fn different_collectives_are_a_mismatch_on_every_rank() {
     with_ranks(3, test_config(), |c| {
         let mut buf = [1f32; 12];
         let r = if c.rank() == 1 {
@@ -236,8 +238,7 @@ fn different_collectives_are_a_mismatch_not_a_hang() {
         } else {
             c.all_reduce_in_place(&mut buf, ReduceOp::Sum)
         };
-        let e = r.unwrap_err();
-        match &e {
+        match r.unwrap_err() {
             Error::Mismatch {
                 local,
                 peer,
@@ -245,17 +246,26 @@ fn different_collectives_are_a_mismatch_not_a_hang() {
             } => {
                 assert!(
                     local.contains("collective #0") && remote.contains("collective #0"),
-                    "{e}"
+                    "{local} / {remote}"
                 );
-                assert!(
-                    local.contains("all_") && remote.contains("all_") && local != remote,
-                    "{e}"
-                );
-                assert!(*peer < 3);
+                assert_ne!(local, remote);
+                if c.rank() == 1 {
+                    assert!(
+                        local.starts_with("all_gather")
+                            && remote.starts_with("all_reduce(count=12, f32, sum)"),
+                        "{local} / {remote}"
+                    );
+                    assert_ne!(peer, 1);
+                } else {
+                    assert!(
+                        local.starts_with("all_reduce")
+                            && remote.starts_with("all_gather(count=4, f32)"),
+                        "{local} / {remote}"
+                    );
+                    assert_eq!(peer, 1, "rank {} blames {peer}", c.rank());
+                }
             }
-            Error::Remote { message, .. } => assert!(message.contains("mismatch"), "{e}"),
-            Error::PeerLost { .. } => {}
-            other => panic!("unexpected {other:?}"),
+            other => panic!("rank {}: expected a mismatch, got {other:?}", c.rank()),
         }
     });
 }
