@@ -4,7 +4,7 @@
 //! and by `oxccl-selftest matrix` (processes under a launcher); useful to
 //! check an installation the way nccl-tests' `-c 1` does.
 
-use crate::{bf16, f16, Communicator, Element, ReduceOp};
+use crate::{bf16, f16, with_dtype, Communicator, DataType, Element, ReduceOp};
 
 fn err(e: crate::Error) -> String {
     e.to_string()
@@ -117,116 +117,232 @@ fn per_rank(count: usize, n: usize) -> usize {
     }
 }
 
-fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
+/// A call of the matrix or the soak test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Case {
+    AllReduce,
+    Reduce,
+    ReduceScatter,
+    Broadcast,
+    AllGather,
+    AllToAll,
+    /// Send to rank+1, receive from rank-1 (`send_recv`).
+    Shift,
+    Barrier,
+}
+
+impl Case {
+    /// Every case.
+    pub const ALL: [Case; 8] = [
+        Case::AllReduce,
+        Case::Reduce,
+        Case::ReduceScatter,
+        Case::Broadcast,
+        Case::AllGather,
+        Case::AllToAll,
+        Case::Shift,
+        Case::Barrier,
+    ];
+
+    /// Whether the reduction operator matters.
+    pub fn reduces(self) -> bool {
+        matches!(self, Case::AllReduce | Case::Reduce | Case::ReduceScatter)
+    }
+}
+
+/// Run one call with exact-valued data and check every element this rank
+/// holds afterwards. `count` is the NCCL-style count (per rank for the
+/// segmented collectives).
+pub fn run_one<T: TestElem>(
+    comm: &Communicator,
+    case: Case,
+    op: ReduceOp,
+    count: usize,
+    root: usize,
+    in_place: bool,
+) -> Result<(), String> {
     let (r, n) = (comm.rank(), comm.nranks());
-    let name = T::DTYPE;
-    let fail = |what: &str, d: String| {
-        let m = format!("rank {r}/{n} {name} {what}: {d}");
+    let fail = |d: String| {
+        let m = format!(
+            "rank {r}/{n} {} {case:?} {op} count {count} root {root} in_place {in_place}: {d}",
+            T::DTYPE
+        );
         eprintln!("selftest failure: {m}");
         Err(m)
     };
-    for &count in counts {
-        for (oi, op) in ReduceOp::ALL.into_iter().enumerate() {
-            let root = (oi + count) % n;
+    let op = if case.reduces() { op } else { ReduceOp::Sum };
+    let v = |rank: usize, i: usize| T::from_i(value(op, rank, i));
+    let check = |got: &[T], want: &dyn Fn(usize) -> T| match first_diff(got, want) {
+        Some(d) => fail(d),
+        None => Ok(()),
+    };
+    match case {
+        Case::AllReduce => {
             let input: Vec<T> = data(op, r, 0, count);
-            // all_reduce
-            let mut out = vec![T::default(); count];
-            comm.all_reduce(&input, &mut out, op).map_err(err)?;
-            if let Some(d) = first_diff(&out, |i| expected(op, n, i)) {
-                return fail(&format!("all_reduce {op} count {count}"), d);
-            }
-            let mut buf = input.clone();
-            comm.all_reduce_in_place(&mut buf, op).map_err(err)?;
-            if let Some(d) = first_diff(&buf, |i| expected(op, n, i)) {
-                return fail(&format!("all_reduce in-place {op} count {count}"), d);
-            }
-            // reduce
-            let mut out = vec![T::default(); if r == root { count } else { 0 }];
-            comm.reduce(&input, &mut out, op, root).map_err(err)?;
-            if r == root {
-                if let Some(d) = first_diff(&out, |i| expected(op, n, i)) {
-                    return fail(&format!("reduce {op} root {root} count {count}"), d);
-                }
-            }
-            let mut buf = input.clone();
-            comm.reduce_in_place(&mut buf, op, root).map_err(err)?;
-            let want_untouched = |i: usize| input[i];
-            let d = if r == root {
-                first_diff(&buf, |i| expected(op, n, i))
+            let mut out = input.clone();
+            if in_place {
+                comm.all_reduce_in_place(&mut out, op).map_err(err)?;
             } else {
-                first_diff(&buf, want_untouched)
+                comm.all_reduce(&input, &mut out, op).map_err(err)?;
+            }
+            check(&out, &|i| expected(op, n, i))
+        }
+        Case::Reduce => {
+            let input: Vec<T> = data(op, r, 0, count);
+            let mut out = if in_place || r == root {
+                input.clone()
+            } else {
+                Vec::new()
             };
-            if let Some(d) = d {
-                return fail(
-                    &format!("reduce in-place {op} root {root} count {count}"),
-                    d,
-                );
+            if in_place {
+                comm.reduce_in_place(&mut out, op, root).map_err(err)?;
+            } else {
+                comm.reduce(&input, &mut out, op, root).map_err(err)?;
             }
-            // reduce_scatter
-            let c = per_rank(count, n);
-            let full: Vec<T> = data(op, r, 0, n * c);
-            let mut out = vec![T::default(); c];
-            comm.reduce_scatter(&full, &mut out, op).map_err(err)?;
-            if let Some(d) = first_diff(&out, |i| expected(op, n, r * c + i)) {
-                return fail(&format!("reduce_scatter {op} count {c}"), d);
+            if r == root {
+                check(&out, &|i| expected(op, n, i))
+            } else if in_place {
+                check(&out, &|i| input[i]) // non-roots keep their buffer
+            } else {
+                Ok(())
             }
-            let mut buf = full.clone();
-            comm.reduce_scatter_in_place(&mut buf, op).map_err(err)?;
-            if let Some(d) = first_diff(&buf, |i| {
-                if i / c.max(1) == r && c > 0 {
-                    expected(op, n, i)
-                } else {
-                    full[i]
+        }
+        Case::ReduceScatter => {
+            let full: Vec<T> = data(op, r, 0, n * count);
+            if in_place {
+                let mut buf = full.clone();
+                comm.reduce_scatter_in_place(&mut buf, op).map_err(err)?;
+                check(&buf, &|i| {
+                    if i / count.max(1) == r && count > 0 {
+                        expected(op, n, i)
+                    } else {
+                        full[i]
+                    }
+                })
+            } else {
+                let mut out = vec![T::default(); count];
+                comm.reduce_scatter(&full, &mut out, op).map_err(err)?;
+                check(&out, &|i| expected(op, n, r * count + i))
+            }
+        }
+        Case::Broadcast => {
+            let input: Vec<T> = data(op, r, 0, count);
+            let mut out = vec![T::default(); count];
+            if in_place {
+                out.copy_from_slice(&input);
+                comm.broadcast_in_place(&mut out, root).map_err(err)?;
+            } else {
+                comm.broadcast(if r == root { &input[..] } else { &[] }, &mut out, root)
+                    .map_err(err)?;
+            }
+            check(&out, &|i| v(root, i))
+        }
+        Case::AllGather => {
+            let mine: Vec<T> = data(op, r, 0, count);
+            let mut out = vec![T::default(); n * count];
+            if in_place {
+                out[r * count..(r + 1) * count].copy_from_slice(&mine);
+                comm.all_gather_in_place(&mut out).map_err(err)?;
+            } else {
+                comm.all_gather(&mine, &mut out).map_err(err)?;
+            }
+            check(&out, &|i| v(i / count, i % count))
+        }
+        Case::AllToAll => {
+            let send: Vec<T> = data(op, r, 0, n * count);
+            let mut out = send.clone();
+            if in_place {
+                comm.all_to_all_in_place(&mut out).map_err(err)?;
+            } else {
+                comm.all_to_all(&send, &mut out).map_err(err)?;
+            }
+            check(&out, &|i| v(i / count, r * count + i % count))
+        }
+        Case::Shift => {
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            let mine: Vec<T> = data(op, r, 0, count);
+            let mut out = mine.clone();
+            if in_place {
+                comm.send_recv_replace(&mut out, next, prev).map_err(err)?;
+            } else {
+                comm.send_recv(&mine, next, &mut out, prev).map_err(err)?;
+            }
+            check(&out, &|i| v(prev, i))
+        }
+        Case::Barrier => comm.barrier().map_err(err),
+    }
+}
+
+fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
+    let n = comm.nranks();
+    for &count in counts {
+        for case in Case::ALL {
+            let ops: &[ReduceOp] = if case.reduces() {
+                &ReduceOp::ALL
+            } else {
+                &[ReduceOp::Sum]
+            };
+            let c = match case {
+                Case::ReduceScatter | Case::AllGather | Case::AllToAll => per_rank(count, n),
+                _ => count,
+            };
+            for (oi, &op) in ops.iter().enumerate() {
+                let root = (oi + count) % n;
+                for in_place in [false, true] {
+                    run_one::<T>(comm, case, op, c, root, in_place)?;
                 }
-            }) {
-                return fail(&format!("reduce_scatter in-place {op} count {c}"), d);
             }
-        }
-        let op = ReduceOp::Sum;
-        let root = count % n;
-        // broadcast
-        let input: Vec<T> = data(op, r, 0, count);
-        let mut out = vec![T::default(); count];
-        comm.broadcast(if r == root { &input[..] } else { &[] }, &mut out, root)
-            .map_err(err)?;
-        if let Some(d) = first_diff(&out, |i| T::from_i(value(op, root, i))) {
-            return fail(&format!("broadcast root {root} count {count}"), d);
-        }
-        let mut buf = input.clone();
-        comm.broadcast_in_place(&mut buf, root).map_err(err)?;
-        if let Some(d) = first_diff(&buf, |i| T::from_i(value(op, root, i))) {
-            return fail(&format!("broadcast in-place root {root} count {count}"), d);
-        }
-        // all_gather
-        let c = per_rank(count, n);
-        let mine: Vec<T> = data(op, r, 0, c);
-        let mut out = vec![T::default(); n * c];
-        comm.all_gather(&mine, &mut out).map_err(err)?;
-        let want = |i: usize| T::from_i(value(op, i / c, i % c));
-        if let Some(d) = first_diff(&out, want) {
-            return fail(&format!("all_gather count {c}"), d);
-        }
-        let mut buf = vec![T::default(); n * c];
-        buf[r * c..(r + 1) * c].copy_from_slice(&mine);
-        comm.all_gather_in_place(&mut buf).map_err(err)?;
-        if let Some(d) = first_diff(&buf, want) {
-            return fail(&format!("all_gather in-place count {c}"), d);
-        }
-        // all_to_all: rank r's segment p is element values value(r, p*c+i)
-        let send: Vec<T> = data(op, r, 0, n * c);
-        let mut out = vec![T::default(); n * c];
-        comm.all_to_all(&send, &mut out).map_err(err)?;
-        let want = |i: usize| T::from_i(value(op, i / c, r * c + i % c));
-        if let Some(d) = first_diff(&out, want) {
-            return fail(&format!("all_to_all count {c}"), d);
-        }
-        let mut buf = send.clone();
-        comm.all_to_all_in_place(&mut buf).map_err(err)?;
-        if let Some(d) = first_diff(&buf, want) {
-            return fail(&format!("all_to_all in-place count {c}"), d);
         }
     }
     Ok(())
+}
+
+/// A deterministic generator every rank seeds alike, so all ranks draw the
+/// same sequence of calls.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// Soak: `calls` random calls (kind, dtype, op, count from 0 to `max_count`
+/// weighted toward small, root, in place or not), every result checked
+/// exactly. Returns how many calls ran.
+pub fn soak(
+    comm: &Communicator,
+    seed: u64,
+    calls: usize,
+    max_count: usize,
+) -> Result<usize, String> {
+    let n = comm.nranks();
+    let mut rng = Rng(seed | 1);
+    for _ in 0..calls {
+        let case = Case::ALL[rng.below(Case::ALL.len())];
+        let dtype = DataType::ALL[rng.below(DataType::ALL.len())];
+        let op = ReduceOp::ALL[rng.below(ReduceOp::ALL.len())];
+        // Half tiny, a third medium, the rest up to the maximum.
+        let count = match rng.below(6) {
+            0..=2 => rng.below(17),
+            3 | 4 => rng.below(4097),
+            _ => rng.below(max_count + 1),
+        };
+        let count = match case {
+            Case::ReduceScatter | Case::AllGather | Case::AllToAll => count / n,
+            _ => count,
+        };
+        let root = rng.below(n);
+        let in_place = rng.below(2) == 1;
+        with_dtype!(dtype, T => run_one::<T>(comm, case, op, count, root, in_place))?;
+    }
+    Ok(calls)
 }
 
 /// Run the whole matrix on `comm` for every dtype; `Err` names the first

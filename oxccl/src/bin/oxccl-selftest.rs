@@ -7,6 +7,7 @@
 //! oxrun -n 4 oxccl-selftest loop 16M            # all_reduce until an error (fault tests)
 //! oxrun -n 4 oxccl-selftest die 2               # rank 2 SIGKILLs itself mid-job
 //! oxrun -n 4 oxccl-selftest small 10000         # many tiny all_reduces, each checked
+//! oxrun -n 5 oxccl-selftest soak 20000 7        # random calls (seed 7), each checked
 //! ```
 
 use oxccl::prelude::*;
@@ -120,6 +121,17 @@ fn main() {
                 if i == 1 {
                     println!("RUNNING {rank} {}", epoch_ms());
                 }
+            }
+        }
+        "soak" => {
+            // Random calls, every result checked (same seed on every rank).
+            let calls: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+            let seed: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+            let t = Instant::now();
+            match oxccl::selftest::soak(&comm, seed, calls, 1 << 20) {
+                Ok(k) if rank == 0 => println!("soak OK: {k} random calls on {n} ranks in {:.1} s", t.elapsed().as_secs_f64()),
+                Ok(_) => {}
+                Err(e) => fail(e),
             }
         }
         "small" => {
