@@ -68,6 +68,11 @@ pub enum Notice {
 const NOTICE_TEXT: usize = 4096;
 
 impl Notice {
+    /// The notice as one control frame body (type byte included).
+    pub fn encode_frame(&self) -> Vec<u8> {
+        self.encode()
+    }
+
     fn encode(&self) -> Vec<u8> {
         let mut v = vec![MSG_NOTICE];
         match self {
@@ -139,7 +144,8 @@ impl Notice {
     }
 }
 
-pub(crate) fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
+/// Encode one [`PeerInfo`] (registration and table entries).
+pub fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
     v.put_u32(p.rank as u32);
     v.put_str(&p.hostname);
     v.put_u64(p.host_id);
@@ -176,7 +182,8 @@ pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
     if n == 0 || n > MAX_RANKS {
         return Err(Error::Protocol(format!("peer table with {n} ranks")));
     }
-    let mut v = Vec::with_capacity(n);
+    // Grow as entries actually decode: `n` is only a claim.
+    let mut v = Vec::with_capacity(n.min(64));
     for i in 0..n {
         let p = decode_info(r)?;
         if p.rank != i {
@@ -261,6 +268,48 @@ fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: A
     );
 }
 
+/// Decode a rank's registration (it must name the rank its handshake did).
+pub fn parse_registration(reg: &[u8], from: usize) -> Result<(usize, PeerInfo)> {
+    let mut r = Reader::new(reg, "registration");
+    if r.u8()? != MSG_REGISTER {
+        return Err(Error::Protocol("expected a registration".into()));
+    }
+    let nranks = r.u32()? as usize;
+    let info = decode_info(&mut r)?;
+    r.finish()?;
+    if nranks == 0 || nranks > MAX_RANKS || info.rank >= nranks || info.rank != from {
+        return Err(Error::Protocol(format!(
+            "rank {} of {nranks} is out of range",
+            info.rank
+        )));
+    }
+    Ok((nranks, info))
+}
+
+/// Decode everything a rank can receive on its control connection: a
+/// stream of length-prefixed frames, each a table, a rejection or a notice.
+pub fn parse_control_stream(mut bytes: &[u8]) -> Vec<Result<Notice>> {
+    let mut out = Vec::new();
+    while let Ok(Some(frame)) = wire::read_frame(&mut bytes, wire::MAX_FRAME) {
+        let mut r = Reader::new(&frame, "control message");
+        out.push(match r.u8() {
+            Ok(MSG_NOTICE) => Notice::decode(&mut r),
+            Ok(MSG_TABLE) => decode_table(&mut r).map(|_| Notice::Lost {
+                rank: 0,
+                detail: String::new(),
+            }),
+            Ok(MSG_REJECT) => r.string(4096).map(|m| Notice::Failed {
+                origin: 0,
+                aborted: false,
+                message: m,
+            }),
+            Ok(t) => Err(Error::Protocol(format!("unknown control message {t}"))),
+            Err(e) => Err(e),
+        });
+    }
+    out
+}
+
 /// Handshake, registration, then relay this rank's frames until it leaves.
 fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Event>) {
     let _ = s.set_nodelay(true);
@@ -296,26 +345,7 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
             return;
         }
     };
-    let parsed = (|| {
-        let mut r = Reader::new(&reg, "registration");
-        if r.u8()? != MSG_REGISTER {
-            return Err(Error::Protocol("expected a registration".into()));
-        }
-        let nranks = r.u32()? as usize;
-        let info = decode_info(&mut r)?;
-        r.finish()?;
-        if nranks == 0
-            || nranks > MAX_RANKS
-            || info.rank >= nranks
-            || info.rank != hello.from as usize
-        {
-            return Err(Error::Protocol(format!(
-                "rank {} of {nranks} is out of range",
-                info.rank
-            )));
-        }
-        Ok((nranks, info))
-    })();
+    let parsed = parse_registration(&reg, hello.from as usize);
     let (nranks, info) = match parsed {
         Ok(x) => x,
         Err(e) => {

@@ -213,17 +213,19 @@ impl CallCtx<'_> {
         len: usize,
     ) -> Result<()> {
         let (my_seq, my_fp) = self.seq_fp(step);
-        if &h[..4] != MAGIC {
+        let Some(WireHeader {
+            p2p,
+            seq,
+            msg: their_msg,
+            len: their_len,
+            fp,
+        }) = WireHeader::parse(h)
+        else {
             return Err(Error::Protocol(format!(
                 "rank {peer} sent bytes that are not an oxccl message during {}",
                 self.during
             )));
-        }
-        let seq = u64::from_le_bytes(h[8..16].try_into().unwrap());
-        let their_msg = u32::from_le_bytes(h[16..20].try_into().unwrap());
-        let their_len = u64::from_le_bytes(h[24..32].try_into().unwrap());
-        let fp = Fingerprint::decode(h[32..48].try_into().unwrap());
-        let p2p = h[4] == 1;
+        };
         let mine = describe_call(&my_fp, my_seq);
         let Some(fp) = fp else {
             return Err(Error::Protocol(format!(
@@ -245,6 +247,33 @@ impl CallCtx<'_> {
             )));
         }
         Ok(())
+    }
+}
+
+/// A message header as read from the wire (see [`HEADER_LEN`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireHeader {
+    pub p2p: bool,
+    pub seq: u64,
+    pub msg: u32,
+    pub len: u64,
+    /// `None` when the fingerprint bytes name no known call.
+    pub fp: Option<Fingerprint>,
+}
+
+impl WireHeader {
+    /// Decode; `None` unless the magic is right. Total: any 48 bytes.
+    pub fn parse(h: &[u8; HEADER_LEN]) -> Option<WireHeader> {
+        if &h[..4] != MAGIC {
+            return None;
+        }
+        Some(WireHeader {
+            p2p: h[4] == 1,
+            seq: u64::from_le_bytes(h[8..16].try_into().unwrap()),
+            msg: u32::from_le_bytes(h[16..20].try_into().unwrap()),
+            len: u64::from_le_bytes(h[24..32].try_into().unwrap()),
+            fp: Fingerprint::decode(h[32..48].try_into().unwrap()),
+        })
     }
 }
 

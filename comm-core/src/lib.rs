@@ -16,6 +16,7 @@ pub mod door;
 pub mod env;
 pub mod error;
 pub mod executor;
+pub mod fuzz;
 pub mod handshake;
 pub mod id;
 pub mod net;

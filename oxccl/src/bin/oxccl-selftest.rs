@@ -129,7 +129,10 @@ fn main() {
             let seed: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
             let t = Instant::now();
             match oxccl::selftest::soak(&comm, seed, calls, 1 << 20) {
-                Ok(k) if rank == 0 => println!("soak OK: {k} random calls on {n} ranks in {:.1} s", t.elapsed().as_secs_f64()),
+                Ok(k) if rank == 0 => println!(
+                    "soak OK: {k} random calls on {n} ranks in {:.1} s",
+                    t.elapsed().as_secs_f64()
+                ),
                 Ok(_) => {}
                 Err(e) => fail(e),
             }
