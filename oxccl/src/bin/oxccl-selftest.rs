@@ -6,6 +6,7 @@
 //! oxrun -n 4 oxccl-selftest init                # time communicator creation
 //! oxrun -n 4 oxccl-selftest loop 16M            # all_reduce until an error (fault tests)
 //! oxrun -n 4 oxccl-selftest die 2               # rank 2 SIGKILLs itself mid-job
+//! (direct) oxccl-selftest fault all_gather 16M 1 mid  # fault injection, see tests/faults.rs
 //! oxrun -n 4 oxccl-selftest small 10000         # many tiny all_reduces, each checked
 //! oxrun -n 5 oxccl-selftest soak 20000 7        # random calls (seed 7), each checked
 //! ```
@@ -24,6 +25,17 @@ fn epoch_ms() -> u128 {
 fn fail(e: impl std::fmt::Display) -> ! {
     eprintln!("oxccl-selftest: {e}");
     std::process::exit(1);
+}
+
+fn error_kind(e: &oxccl::Error) -> &'static str {
+    match e {
+        oxccl::Error::PeerLost { .. } => "PeerLost",
+        oxccl::Error::Timeout { .. } => "Timeout",
+        oxccl::Error::Mismatch { .. } => "Mismatch",
+        oxccl::Error::Aborted { .. } => "Aborted",
+        oxccl::Error::Remote { .. } => "Remote",
+        _ => "Other",
+    }
 }
 
 fn bytes_arg(a: Option<&String>, default: usize) -> usize {
@@ -154,6 +166,64 @@ fn main() {
             if rank == 0 {
                 let dt = t.elapsed().as_secs_f64();
                 println!("small OK: {iters} all_reduces of 8 bytes on {n} ranks in {dt:.3} s ({:.1} us each)", dt * 1e6 / iters as f64);
+            }
+        }
+        "fault" => {
+            // Fault injection: loop KIND on BYTES; rank VICTIM dies (SIGKILL)
+            // either just before its 4th call ("early": the others are inside
+            // it, waiting) or 5 ms into it ("mid": data is flowing).
+            let kind = args
+                .get(1)
+                .map(String::as_str)
+                .unwrap_or("all_reduce")
+                .to_string();
+            let bytes = bytes_arg(args.get(2), 16 << 20);
+            let victim: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(n - 1);
+            let mid = args.get(4).map(String::as_str) == Some("mid");
+            let count = bytes / 4;
+            let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+            let mut a = vec![1.0f32; count];
+            let mut b = vec![0.0f32; count];
+            let mut gathered = vec![0.0f32; count * n];
+            let die = move || {
+                println!("DYING {rank} {}", epoch_ms());
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                // SAFETY: raising a signal on ourselves.
+                unsafe { libc::raise(libc::SIGKILL) };
+            };
+            for i in 0.. {
+                if rank == victim && i == 3 {
+                    if mid {
+                        std::thread::spawn(move || {
+                            std::thread::sleep(std::time::Duration::from_millis(5));
+                            die();
+                        });
+                    } else {
+                        die();
+                    }
+                }
+                let r = match kind.as_str() {
+                    "all_reduce" => comm.all_reduce_in_place(&mut a, ReduceOp::Sum),
+                    "all_gather" => {
+                        comm.all_gather(&a[..count / n], &mut gathered[..count / n * n])
+                    }
+                    "reduce_scatter" => {
+                        comm.reduce_scatter(&a[..count / n * n], &mut b[..count / n], ReduceOp::Sum)
+                    }
+                    "broadcast" => comm.broadcast_in_place(&mut a, 0),
+                    "send_recv" => comm.send_recv(&a, next, &mut b, prev),
+                    other => fail(format!("unknown kind {other}")),
+                };
+                if let Err(e) = r {
+                    println!(
+                        "ERROR {rank} {} {} {}",
+                        epoch_ms(),
+                        e.blamed_rank().map_or(-1, |r| r as i64),
+                        error_kind(&e)
+                    );
+                    println!("DETAIL {rank} {e}");
+                    std::process::exit(3);
+                }
             }
         }
         "die" => {

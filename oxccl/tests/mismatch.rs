@@ -1,0 +1,152 @@
+//! The mismatch matrix: ranks disagreeing on the collective, the count, the
+//! dtype, the operator, the root, or one rank skipping a call — on TCP,
+//! shared memory and registered buffers. Every rank must return
+//! `Error::Mismatch` naming the disagreeing rank and both calls (a 10 s
+//! timeout turns a hang into a failure of the assertion).
+
+mod common;
+use common::*;
+use oxccl::prelude::*;
+use std::time::{Duration, Instant};
+
+const ODD: usize = 1;
+
+/// Run `normal` on every rank but `ODD`, which runs `odd`; check that all
+/// ranks report the mismatch, and that the descriptions contain `want_odd`
+/// (the odd rank's call) and `want_normal` (everyone else's).
+fn case(
+    cfg: Config,
+    what: &str,
+    want_normal: &str,
+    want_odd: &str,
+    normal: fn(&Communicator) -> Result<()>,
+    odd: fn(&Communicator) -> Result<()>,
+) {
+    let cfg = Config {
+        timeout: Duration::from_secs(10),
+        ..cfg
+    };
+    let t = Instant::now();
+    with_ranks(3, cfg, |c| {
+        let r = if c.rank() == ODD { odd(&c) } else { normal(&c) };
+        match r {
+            Err(Error::Mismatch {
+                local,
+                peer,
+                remote,
+            }) => {
+                if c.rank() == ODD {
+                    assert!(
+                        local.contains(want_odd) && remote.contains(want_normal),
+                        "{what}: rank {ODD}: {local} / {remote}"
+                    );
+                    assert_ne!(peer, ODD);
+                } else {
+                    // Its own call, or the next one when its part of the
+                    // disagreeing call had already completed (a broadcast root).
+                    assert!(
+                        remote.contains(want_odd)
+                            && (local.contains(want_normal) || local.contains("#1")),
+                        "{what}: rank {}: {local} / {remote}",
+                        c.rank()
+                    );
+                    assert_eq!(peer, ODD, "{what}: rank {} blames {peer}", c.rank());
+                }
+            }
+            other => panic!(
+                "{what}: rank {} expected a mismatch, got {other:?}",
+                c.rank()
+            ),
+        }
+    });
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "{what}: took {:?}",
+        t.elapsed()
+    );
+}
+
+fn all_cases(cfg: Config) {
+    case(
+        cfg.clone(),
+        "collective",
+        "all_reduce(count=12, f32, sum)",
+        "all_gather(count=4, f32)",
+        |c| c.all_reduce_in_place(&mut [1f32; 12], ReduceOp::Sum),
+        |c| c.all_gather_in_place(&mut [1f32; 12]),
+    );
+    case(
+        cfg.clone(),
+        "count",
+        "all_reduce(count=12, f32, sum)",
+        "all_reduce(count=13, f32, sum)",
+        |c| c.all_reduce_in_place(&mut [1f32; 12], ReduceOp::Sum),
+        |c| c.all_reduce_in_place(&mut [1f32; 13], ReduceOp::Sum),
+    );
+    case(
+        cfg.clone(),
+        "dtype",
+        "all_reduce(count=12, f32, sum)",
+        "all_reduce(count=12, i32, sum)",
+        |c| c.all_reduce_in_place(&mut [1f32; 12], ReduceOp::Sum),
+        |c| c.all_reduce_in_place(&mut [1i32; 12], ReduceOp::Sum),
+    );
+    case(
+        cfg.clone(),
+        "op",
+        "all_reduce(count=40000, f32, sum)",
+        "all_reduce(count=40000, f32, max)",
+        |c| c.all_reduce_in_place(&mut vec![1f32; 40000], ReduceOp::Sum),
+        |c| c.all_reduce_in_place(&mut vec![1f32; 40000], ReduceOp::Max),
+    );
+    case(
+        cfg.clone(),
+        "root",
+        "broadcast(count=8, f64, root=0)",
+        "broadcast(count=8, f64, root=2)",
+        // The root's own part may finish before anyone checks its message:
+        // it learns of the mismatch on its next call.
+        |c| {
+            c.broadcast_in_place(&mut [1f64; 8], 0)
+                .and_then(|_| c.barrier())
+        },
+        |c| c.broadcast_in_place(&mut [1f64; 8], 2),
+    );
+    case(
+        cfg.clone(),
+        "skipped call",
+        "barrier(count=0, u8) as collective #0",
+        "all_reduce(count=4, f32, sum) as collective #0",
+        |c| {
+            c.barrier()
+                .and_then(|_| c.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum))
+        },
+        |c| c.all_reduce_in_place(&mut [1f32; 4], ReduceOp::Sum),
+    );
+}
+
+#[test]
+fn mismatch_matrix_tcp() {
+    all_cases(tcp_config());
+}
+
+#[test]
+fn mismatch_matrix_shm() {
+    all_cases(test_config());
+}
+
+#[test]
+fn mismatch_matrix_registered() {
+    fn reg(c: &Communicator, len: usize, op: ReduceOp) -> Result<()> {
+        let mut b = c.alloc_shared::<f32>(len)?;
+        c.all_reduce_shared(&mut b, op)
+    }
+    case(
+        test_config(),
+        "registered op",
+        "all_reduce(count=16, f32, sum)",
+        "all_reduce(count=16, f32, max)",
+        |c| reg(c, 16, ReduceOp::Sum),
+        |c| reg(c, 16, ReduceOp::Max),
+    );
+}
