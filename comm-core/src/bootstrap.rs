@@ -56,12 +56,18 @@ pub enum Notice {
         b: usize,
         b_call: String,
     },
-    /// `origin` timed out after `after_ms` waiting for `waiting_for`.
+    /// `origin` timed out after `after_ms` waiting for `waiting_for`
+    /// (rank `waits_on`, `u32::MAX` if unknown). Sent to the root, which
+    /// collects them and answers with `Stalled`.
     Timeout {
         origin: usize,
         waiting_for: String,
         after_ms: u64,
+        waits_on: u32,
     },
+    /// The root's verdict after timeouts: `rank` is the one everybody
+    /// (directly or through others) was waiting for.
+    Stalled { rank: usize, detail: String },
 }
 
 /// Longest text a notice carries (bounds the decoder).
@@ -106,11 +112,18 @@ impl Notice {
                 origin,
                 waiting_for,
                 after_ms,
+                waits_on,
             } => {
                 v.put_u8(4);
                 v.put_u32(*origin as u32);
                 v.put_str(waiting_for);
                 v.put_u64(*after_ms);
+                v.put_u32(*waits_on);
+            }
+            Notice::Stalled { rank, detail } => {
+                v.put_u8(5);
+                v.put_u32(*rank as u32);
+                v.put_str(detail);
             }
         }
         v
@@ -138,7 +151,9 @@ impl Notice {
                 origin: rank,
                 waiting_for: text,
                 after_ms: r.u64()?,
+                waits_on: r.u32()?,
             }),
+            5 => Ok(Notice::Stalled { rank, detail: text }),
             k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
         }
     }
@@ -508,8 +523,35 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
     // Phase 2: relay failures until everyone has left.
     let mut gone = vec![false; nranks];
     let mut relayed_failure = false;
+    // Timeouts are collected for a moment, then answered with a verdict
+    // naming the rank everybody waits for (a stopped or hung process).
+    let mut stalls: Vec<(usize, u32)> = Vec::new();
+    let mut stall_window: Option<Instant> = None;
     while gone.iter().any(|g| !g) {
-        let Ok(ev) = rx.recv() else { return };
+        let ev = match stall_window {
+            Some(until) => match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                Ok(ev) => ev,
+                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                    let verdict = stall_verdict(&stalls);
+                    stalls.clear();
+                    stall_window = None;
+                    let msg = verdict.encode();
+                    for (i, c) in conns.iter_mut().enumerate() {
+                        if !gone[i] {
+                            if let Some(c) = c {
+                                send_to(c, &msg);
+                            }
+                        }
+                    }
+                    continue;
+                }
+                Err(_) => return,
+            },
+            None => match rx.recv() {
+                Ok(ev) => ev,
+                Err(_) => return,
+            },
+        };
         let claimed = match &ev {
             Event::Registered { rank, .. }
             | Event::Abort { rank, .. }
@@ -557,6 +599,18 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                     },
                 )
             }
+            Event::Abort {
+                rank,
+                notice: Notice::Timeout {
+                    origin, waits_on, ..
+                },
+                ..
+            } => {
+                let _ = rank;
+                stalls.push((origin, waits_on));
+                stall_window.get_or_insert_with(|| Instant::now() + STALL_WINDOW);
+                continue;
+            }
             Event::Abort { rank, notice, .. } => (rank, notice),
             Event::Registered {
                 mut stream, rank, ..
@@ -580,6 +634,37 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                 }
             }
         }
+    }
+}
+
+/// How long the root collects timeout reports before naming the culprit.
+const STALL_WINDOW: Duration = Duration::from_millis(300);
+
+/// The rank at the end of the "waits for" chain of timed-out ranks: the one
+/// that did not itself report waiting (a stopped or hung process).
+fn stall_verdict(stalls: &[(usize, u32)]) -> Notice {
+    let waits = |r: usize| stalls.iter().find(|(o, _)| *o == r).map(|(_, w)| *w);
+    let (first, mut target) = stalls[0];
+    let mut seen = vec![first];
+    while let Some(next) = waits(target as usize).filter(|w| *w != u32::MAX) {
+        if seen.contains(&(target as usize)) {
+            break; // a cycle: everyone waits for everyone; name the first target
+        }
+        seen.push(target as usize);
+        target = next;
+    }
+    let reporters: Vec<usize> = stalls.iter().map(|(o, _)| *o).collect();
+    if target == u32::MAX {
+        return Notice::Stalled {
+            rank: first,
+            detail: format!("ranks {reporters:?} timed out"),
+        };
+    }
+    Notice::Stalled {
+        rank: target as usize,
+        detail: format!(
+            "rank {target} stopped making progress (stopped, hung, or not calling this collective); ranks {reporters:?} timed out waiting for it, directly or through each other"
+        ),
     }
 }
 

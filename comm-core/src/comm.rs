@@ -43,7 +43,7 @@ pub(crate) struct Inner {
     pub(crate) oversubscribed: bool,
     transports: Transports,
     state: Mutex<State>,
-    sender: Mutex<ControlSender>,
+    pub(crate) sender: Mutex<ControlSender>,
     next_ticket: AtomicU64,
     turn: Mutex<u64>,
     turn_cv: Condvar,
@@ -516,6 +516,7 @@ impl Inner {
             peers: &self.peers,
             per_step,
             control: &mut st.control,
+            sender: &self.sender,
             abort_fd: self.abort_fd.as_raw_fd(),
             aborted: &self.aborted,
         };

@@ -14,7 +14,7 @@
 //! rank that runs a different call is reported as a mismatch and a stray
 //! or truncated message can never be taken for data.
 
-use crate::bootstrap::{poll_one, Control, ControlEvent, Notice};
+use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
 use crate::call::{Fingerprint, Kind};
 use crate::error::{Error, Result};
 use crate::schedule::{Action, Schedule, Span, SCRATCH};
@@ -34,6 +34,8 @@ const MAGIC: &[u8; 4] = b"OXM1";
 const EXPLAIN_GRACE: Duration = Duration::from_millis(1500);
 /// How long a waiting call spins without yielding when it has a core.
 const PURE_SPIN: Duration = Duration::from_micros(2);
+/// How long a rank that timed out waits for the root's verdict.
+const STALL_VERDICT_WAIT: Duration = Duration::from_millis(1500);
 /// Streams per link the staging table is sized for.
 pub const MAX_STREAMS: usize = 16;
 
@@ -127,6 +129,7 @@ pub(crate) struct CallCtx<'a> {
     /// operation each step belongs to, overriding `seq` and `fp`.
     pub per_step: Option<Vec<(u64, Fingerprint)>>,
     pub control: &'a mut Control,
+    pub sender: &'a std::sync::Mutex<ControlSender>,
     pub abort_fd: RawFd,
     pub aborted: &'a AtomicBool,
 }
@@ -802,11 +805,25 @@ fn wait(
         }
         let left = cx.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            return Err(Error::Timeout {
-                during: cx.during.to_string(),
-                waiting_for: waiting_for.join(", "),
-                after: cx.timeout,
-            });
+            let waits_on = chans
+                .iter()
+                .find(|c| {
+                    (c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]))
+                        || (c.s_head < c.sends.len() && ready(c.sends[c.s_head]))
+                })
+                .map(|c| c.peer);
+            let (during, own) = (cx.during.to_string(), describe_call(&cx.fp, cx.seq));
+            return Err(stall_error(
+                cx.control,
+                cx.sender,
+                cx.rank,
+                cx.peers,
+                waiting_for.join(", "),
+                waits_on,
+                &during,
+                &own,
+                cx.timeout,
+            ));
         }
         let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
         // SAFETY: pollfds is a valid array of initialised pollfd for the call.
@@ -929,11 +946,66 @@ pub(crate) fn notice_to_error(
             origin,
             waiting_for,
             after_ms,
+            ..
         } => Error::Timeout {
             during: during.to_string(),
             waiting_for: format!("{waiting_for} (seen by rank {origin})"),
             after: Duration::from_millis(after_ms),
         },
+        Notice::Stalled { rank, detail } => Error::Timeout {
+            during: during.to_string(),
+            waiting_for: format!("rank {rank}: {detail}"),
+            after: Duration::ZERO,
+        },
+    }
+}
+
+/// This rank timed out waiting for `waits_on` (`waiting_for` in words):
+/// report it to the root, which collects every rank's report for a moment
+/// and names the rank at the end of the chain of waits (a stopped or hung
+/// process), and return that verdict as this call's `Timeout` — so every
+/// survivor names the same culprit, not just its own neighbour.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stall_error(
+    control: &mut Control,
+    sender: &std::sync::Mutex<ControlSender>,
+    me: usize,
+    peers: &[PeerInfo],
+    waiting_for: String,
+    waits_on: Option<usize>,
+    during: &str,
+    own: &str,
+    after: Duration,
+) -> Error {
+    let report = Notice::Timeout {
+        origin: me,
+        waiting_for: waiting_for.clone(),
+        after_ms: after.as_millis() as u64,
+        waits_on: waits_on.map_or(u32::MAX, |r| r as u32),
+    };
+    if let Ok(mut s) = sender.lock() {
+        s.abort(&report);
+    }
+    let until = Instant::now() + STALL_VERDICT_WAIT;
+    while Instant::now() < until {
+        match control.poll() {
+            Some(ControlEvent::Notice(Notice::Stalled { rank, detail })) => {
+                return Error::Timeout {
+                    during: during.to_string(),
+                    waiting_for: format!("rank {rank}: {detail}"),
+                    after,
+                };
+            }
+            Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
+            Some(ControlEvent::RootGone) => break,
+            None => {}
+        }
+        poll_one(control.fd(), libc::POLLIN, 50);
+    }
+    Error::Timeout {
+        during: during.to_string(),
+        waiting_for,
+        after,
     }
 }
 
@@ -960,13 +1032,7 @@ pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
             b: *peer,
             b_call: remote.clone(),
         }),
-        Error::Timeout {
-            waiting_for, after, ..
-        } if !waiting_for.contains("(seen by rank") => Some(Notice::Timeout {
-            origin: rank,
-            waiting_for: waiting_for.clone(),
-            after_ms: after.as_millis() as u64,
-        }),
+        // Reported to the root by `stall_error` before the call returned.
         Error::Timeout { .. } => None,
         Error::InvalidArgument(_) => None,
         other => Some(Notice::Failed {

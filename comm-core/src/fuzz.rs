@@ -157,6 +157,11 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             origin: 2,
             waiting_for: "data from rank 3".into(),
             after_ms: 1000,
+            waits_on: 3,
+        },
+        Notice::Stalled {
+            rank: 3,
+            detail: "stopped".into(),
         },
     ] {
         wire::write_frame(&mut stream, &n.encode_frame()).unwrap();

@@ -312,11 +312,17 @@ fn wait_all(
                 return Err(Error::Aborted { by: None });
             }
             if Instant::now() >= deadline {
-                return Err(Error::Timeout {
-                    during: during.to_string(),
-                    waiting_for: format!("rank {k} to reach phase {target}"),
-                    after: inner.config.timeout,
-                });
+                return Err(crate::executor::stall_error(
+                    &mut st.control,
+                    &inner.sender,
+                    me,
+                    &inner.peers,
+                    format!("rank {k} to reach phase {target}"),
+                    Some(k),
+                    during,
+                    own,
+                    inner.config.timeout,
+                ));
             }
             if idle.elapsed() < spin {
                 std::thread::yield_now();

@@ -119,3 +119,72 @@ fn fault_matrix_tcp() {
 fn fault_matrix_shm() {
     matrix("shm");
 }
+
+/// A stopped peer (SIGSTOP) cannot be told from a slow one until the
+/// deadline: every survivor must fail with `Timeout` naming it (directly or
+/// as relayed by the rank that timed out first) once the configured timeout
+/// passes, and none may hang.
+#[test]
+fn a_stopped_peer_is_a_timeout_naming_it_on_every_survivor() {
+    for transport in ["tcp", "shm"] {
+        let id = oxccl::UniqueId::serve(
+            "127.0.0.1:0".parse().unwrap(),
+            oxccl::comm_core_secret(),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let mut kids: Vec<_> = (0..N)
+            .map(|r| {
+                Command::new(SELFTEST)
+                    .args(["loop", "1M"])
+                    .env("OXCCL_RANK", r.to_string())
+                    .env("OXCCL_WORLD_SIZE", N.to_string())
+                    .env("OXCCL_UNIQUE_ID", id.to_string())
+                    .env("OXCCL_SOCKET_IFNAME", "lo")
+                    .env("OXCCL_TIMEOUT", "2")
+                    .env("OXCCL_TRANSPORT", transport)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut readers: Vec<_> = kids
+            .iter_mut()
+            .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
+            .collect();
+        for r in readers.iter_mut() {
+            while !r.next().unwrap().unwrap().starts_with("RUNNING") {}
+        }
+        let victim = 2;
+        let stopped_at = std::time::Instant::now();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(kids[victim].id() as i32, libc::SIGSTOP) };
+        for (r, reader) in readers.iter_mut().enumerate().filter(|(r, _)| *r != victim) {
+            let detail = reader
+                .find(|l| l.as_ref().map(|l| l.starts_with("DETAIL")).unwrap_or(true))
+                .unwrap()
+                .unwrap();
+            let took = stopped_at.elapsed();
+            assert!(
+                detail.contains("Timeout") && detail.contains(&format!("rank {victim}")),
+                "{transport}: rank {r}: {detail}"
+            );
+            assert!(
+                took >= Duration::from_millis(1500) && took < Duration::from_secs(10),
+                "{transport}: rank {r} after {took:?}"
+            );
+            eprintln!(
+                "{transport}: rank {r} reported the stopped rank {victim} after {:.2} s: {detail}",
+                took.as_secs_f64()
+            );
+        }
+        for k in &kids {
+            // SAFETY: signalling our own children.
+            unsafe { libc::kill(k.id() as i32, libc::SIGKILL) };
+        }
+        for mut k in kids {
+            let _ = k.wait();
+        }
+    }
+}
