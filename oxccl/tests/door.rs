@@ -1,5 +1,6 @@
-//! Strangers at the door: connections with a wrong secret, random bytes, a
-//! right secret for another communicator, a duplicate rank, and a client
+//! Strangers at the door: connections with a wrong secret, random bytes, an
+//! oversized or truncated handshake, a right secret for another
+//! communicator, a duplicate rank, a rank out of range, and a client
 //! that connects and says nothing are rejected at the rendezvous root, at
 //! a TCP data listener and at a shared-memory listener, while collectives
 //! of the job complete.
@@ -104,6 +105,12 @@ fn attack(to: Target, purpose: Purpose, comm_id: u64, real: &Secret, to_rank: u3
         client(&mut s, real, &h).is_err(),
         "foreign communicator accepted"
     );
+    // Oversized: a valid magic followed by 64 KiB of junk.
+    let mut s = Conn::open(&to);
+    let mut big = b"OXCCLHS1".to_vec();
+    big.resize(64 << 10, 0xa5);
+    let _ = s.write_all(&big); // the server may close before taking it all
+    assert!(closed_by_server(s), "oversized handshake not rejected");
     // Truncated hello, then silence.
     let mut s = Conn::open(&to);
     s.write_all(b"OXCCLHS1").unwrap();
