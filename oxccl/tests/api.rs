@@ -218,12 +218,16 @@ fn abort_wakes_every_waiter_and_poisons() {
 }
 
 #[test]
-fn drop_is_bounded_even_when_peers_are_gone() {
+fn a_peer_closing_its_links_is_peer_lost_and_drop_is_bounded() {
     // Rank 1 leaves at once; rank 0's call fails, then dropping its
     // communicator (goodbye to the root, closing links) must not block.
     with_ranks(2, test_config(), |c| {
         if c.rank() == 0 {
-            let _ = c.all_reduce_in_place(&mut [1f32; 1 << 16], ReduceOp::Sum);
+            // A peer that closed its links is a lost peer, named.
+            let e = c
+                .all_reduce_in_place(&mut [1f32; 1 << 16], ReduceOp::Sum)
+                .unwrap_err();
+            assert!(matches!(e, Error::PeerLost { rank: 1, .. }), "{e:?}");
             let t = Instant::now();
             drop(c);
             assert!(
