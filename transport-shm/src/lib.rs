@@ -96,11 +96,18 @@ fn accept_loop(l: UnixListener, ctx: SetupCtx, tx: Sender<Incoming>, stop: Arc<A
         fd,
         &stop,
         || l.accept().map(|(s, _)| s),
-        move |s| match admit(s, &ctx) {
-            Ok(link) => {
-                let _ = tx.send(link);
+        move |s| {
+            // Unix sockets have no address: name the peer by its process.
+            let who = sys::peer_process(&s);
+            match admit(s, &ctx) {
+                Ok(link) => {
+                    let _ = tx.send(link);
+                }
+                Err(e) => tracing::warn!(
+                    "oxccl shm: rank {} rejected a connection from {who}: {e}",
+                    ctx.rank
+                ),
             }
-            Err(e) => tracing::warn!("oxccl shm: rank {} rejected a connection: {e}", ctx.rank),
         },
     );
 }

@@ -71,6 +71,31 @@ pub fn hung_up(s: &UnixStream) -> bool {
     r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
 }
 
+/// "pid P (uid U)" of the process at the other end of `s` (SO_PEERCRED).
+pub fn peer_process(s: &UnixStream) -> String {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            &mut cred as *mut libc::ucred as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r == 0 {
+        format!("pid {} (uid {})", cred.pid, cred.uid)
+    } else {
+        "an unknown process".into()
+    }
+}
+
 const MAX_FDS: usize = 8;
 
 /// Send `data` with `fds` attached (SCM_RIGHTS).
