@@ -1,0 +1,88 @@
+//! Save and resume: the full training state in one file (DDP: every rank
+//! holds the same state; rank 0 writes). Resuming continues the exact same
+//! trajectory, bit for bit.
+
+use crate::optim::Moments;
+use crate::train::TrainState;
+use std::io::{Read, Write};
+
+const MAGIC: &[u8; 8] = b"OXTRN001";
+
+fn put(w: &mut Vec<u8>, v: &[f32]) {
+    w.extend_from_slice(&(v.len() as u64).to_le_bytes());
+    for x in v {
+        w.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Write `st` to `path` (atomically: a temporary file, then rename).
+pub fn save(st: &TrainState, path: &str) -> std::io::Result<()> {
+    let mut b = MAGIC.to_vec();
+    b.extend_from_slice(&st.step.to_le_bytes());
+    b.extend_from_slice(&(st.params.len() as u64).to_le_bytes());
+    for (p, m) in st.params.iter().zip(&st.moments) {
+        put(&mut b, p);
+        put(&mut b, &m.m);
+        put(&mut b, &m.v);
+    }
+    let tmp = format!("{path}.tmp");
+    std::fs::File::create(&tmp)?.write_all(&b)?;
+    std::fs::rename(tmp, path)
+}
+
+/// Read a state written by [`save`]; `expect` is the parameter count per
+/// unit of the model being resumed (a different model is an error).
+pub fn load(path: &str, expect: &[usize]) -> std::io::Result<TrainState> {
+    let bad =
+        |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{path}: {m}"));
+    let mut b = Vec::new();
+    std::fs::File::open(path)?.read_to_end(&mut b)?;
+    let mut at = 0usize;
+    let mut take = |n: usize| -> std::io::Result<&[u8]> {
+        let s = b.get(at..at + n).ok_or_else(|| bad("truncated".into()))?;
+        at += n;
+        Ok(s)
+    };
+    if take(8)? != MAGIC {
+        return Err(bad("not an oxccl trainer checkpoint".into()));
+    }
+    let step = u64::from_le_bytes(take(8)?.try_into().unwrap());
+    let units = u64::from_le_bytes(take(8)?.try_into().unwrap()) as usize;
+    if units != expect.len() {
+        return Err(bad(format!(
+            "{units} parameter units, the model has {}",
+            expect.len()
+        )));
+    }
+    let mut vecs = || -> std::io::Result<Vec<f32>> {
+        let n = u64::from_le_bytes(take(8)?.try_into().unwrap()) as usize;
+        let raw = take(
+            n.checked_mul(4)
+                .ok_or_else(|| bad("length overflow".into()))?,
+        )?;
+        Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect())
+    };
+    let mut params = Vec::new();
+    let mut moments = Vec::new();
+    for (u, &len) in expect.iter().enumerate() {
+        let p = vecs()?;
+        let m = vecs()?;
+        let v = vecs()?;
+        if p.len() != len {
+            return Err(bad(format!(
+                "unit {u} has {} parameters, the model {len}",
+                p.len()
+            )));
+        }
+        params.push(p);
+        moments.push(Moments { m, v });
+    }
+    Ok(TrainState {
+        step,
+        params,
+        moments,
+    })
+}

@@ -1,0 +1,237 @@
+//! `trainer`: train the reference transformer single-process or with DDP.
+//!
+//! ```text
+//! trainer --mode single --steps 300
+//! oxrun -n 4 trainer --mode ddp --steps 300 --batch 32
+//! trainer --estimate --params 7e9 --ranks 8
+//! ```
+
+use oxccl::{Communicator, CommunicatorExt};
+use std::io::Write;
+use trainer::data::Corpus;
+use trainer::model::ModelConfig;
+use trainer::optim::AdamW;
+use trainer::train::{step, TrainConfig, TrainState};
+
+const USAGE: &str = "usage: trainer [--mode single|ddp] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
+               [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
+               [--metrics FILE.csv] [--log-every N]
+       trainer --estimate [--params P] [--ranks N]";
+
+struct Cli {
+    mode: String,
+    steps: u64,
+    cfg: TrainConfig,
+    data: Option<String>,
+    save: Option<String>,
+    resume: Option<String>,
+    metrics: Option<String>,
+    log_every: u64,
+    estimate: bool,
+    est_params: f64,
+    est_ranks: usize,
+}
+
+fn parse() -> Result<Cli, String> {
+    let mut c = Cli {
+        mode: "single".into(),
+        steps: 300,
+        cfg: TrainConfig {
+            model: ModelConfig {
+                vocab: 0,
+                d_model: 64,
+                layers: 2,
+                heads: 4,
+                seq: 32,
+            },
+            batch: 16,
+            accum: 1,
+            seed: 1,
+            opt: AdamW::default(),
+            bucket_bytes: 25 << 20,
+        },
+        data: None,
+        save: None,
+        resume: None,
+        metrics: None,
+        log_every: 25,
+        estimate: false,
+        est_params: 7e9,
+        est_ranks: 8,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut val = || {
+            it.next()
+                .ok_or_else(|| format!("missing value for {a}\n{USAGE}"))
+        };
+        let num = |v: String| {
+            v.parse::<f64>()
+                .map_err(|_| format!("{a}: {v:?} is not a number"))
+        };
+        match a.as_str() {
+            "--mode" => c.mode = val()?,
+            "--steps" => c.steps = num(val()?)? as u64,
+            "--batch" => c.cfg.batch = num(val()?)? as usize,
+            "--seq" => c.cfg.model.seq = num(val()?)? as usize,
+            "--d-model" => c.cfg.model.d_model = num(val()?)? as usize,
+            "--layers" => c.cfg.model.layers = num(val()?)? as usize,
+            "--heads" => c.cfg.model.heads = num(val()?)? as usize,
+            "--accum" => c.cfg.accum = num(val()?)? as usize,
+            "--lr" => c.cfg.opt.lr = num(val()?)? as f32,
+            "--seed" => c.cfg.seed = num(val()?)? as u64,
+            "--bucket-mb" => c.cfg.bucket_bytes = (num(val()?)? * (1 << 20) as f64) as usize,
+            "--data" => c.data = Some(val()?),
+            "--save" => c.save = Some(val()?),
+            "--resume" => c.resume = Some(val()?),
+            "--metrics" => c.metrics = Some(val()?),
+            "--log-every" => c.log_every = (num(val()?)? as u64).max(1),
+            "--estimate" => c.estimate = true,
+            "--params" => c.est_params = num(val()?)?,
+            "--ranks" => c.est_ranks = (num(val()?)? as usize).max(1),
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown option {other}\n{USAGE}")),
+        }
+    }
+    if c.mode != "single" && c.mode != "ddp" {
+        return Err(format!("--mode {:?}: use single or ddp", c.mode));
+    }
+    Ok(c)
+}
+
+/// The ZeRO paper's per-rank memory for mixed-precision Adam (K = 12).
+fn estimate(params: f64, ranks: usize) {
+    let gb = |b: f64| b / 1e9;
+    let (p, n, k) = (params, ranks as f64, 12.0);
+    println!("model states per rank for {:.3e} parameters, mixed-precision Adam (fp16 params 2, fp16 grads 2, fp32 master+m+v K=12 bytes each):", p);
+    println!("  {:<28} {:>12}", "stage", "GB per rank");
+    println!(
+        "  {:<28} {:>12.1}",
+        "unsharded (DDP), 16 B/param",
+        gb(16.0 * p)
+    );
+    println!(
+        "  {:<28} {:>12.1}",
+        format!("ZeRO-1 (2+2+K/{ranks})"),
+        gb((2.0 + 2.0 + k / n) * p)
+    );
+    println!(
+        "  {:<28} {:>12.1}",
+        format!("ZeRO-2 (2+(2+K)/{ranks})"),
+        gb((2.0 + (2.0 + k) / n) * p)
+    );
+    println!(
+        "  {:<28} {:>12.1}",
+        format!("ZeRO-3 ((2+2+K)/{ranks})"),
+        gb((2.0 + 2.0 + k) / n * p)
+    );
+}
+
+fn main() {
+    let cli = match parse() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
+    if cli.estimate {
+        estimate(cli.est_params, cli.est_ranks);
+        return;
+    }
+    let corpus = match &cli.data {
+        Some(path) => Corpus::from_file(path).unwrap_or_else(|e| {
+            eprintln!("trainer: {e}");
+            std::process::exit(2)
+        }),
+        None => Corpus::markov(cli.cfg.seed ^ 0xda7a, 200_000),
+    };
+    let mut cfg = cli.cfg.clone();
+    cfg.model.vocab = corpus.vocab.len();
+    let comm = if cli.mode == "ddp" {
+        Some(Communicator::from_env().unwrap_or_else(|e| {
+            eprintln!("trainer: {e}");
+            std::process::exit(1)
+        }))
+    } else {
+        None
+    };
+    let (rank, n) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.nranks()));
+    if let Err(e) = trainer::train::validate(&cfg, n) {
+        eprintln!("trainer: {e}");
+        std::process::exit(2);
+    }
+    let mut st = match &cli.resume {
+        Some(path) => {
+            let sizes: Vec<usize> = TrainState::new(&cfg)
+                .params
+                .iter()
+                .map(|p| p.len())
+                .collect();
+            trainer::checkpoint::load(path, &sizes).unwrap_or_else(|e| {
+                eprintln!("trainer: {e}");
+                std::process::exit(1)
+            })
+        }
+        None => TrainState::new(&cfg),
+    };
+    let mut metrics = cli.metrics.as_ref().filter(|_| rank == 0).map(|p| {
+        let mut f = std::fs::File::create(p).unwrap_or_else(|e| {
+            eprintln!("trainer: {p}: {e}");
+            std::process::exit(2)
+        });
+        writeln!(f, "step,loss,tokens_per_s,comm_share").unwrap();
+        f
+    });
+    if rank == 0 {
+        println!(
+            "trainer: mode {} on {n} rank(s), {} parameters, batch {} x {} tokens, accum {}, from step {}",
+            cli.mode,
+            cfg.model.parameters(),
+            cfg.batch,
+            cfg.model.seq,
+            cfg.accum,
+            st.step
+        );
+    }
+    let (mut tokens, mut secs, mut comm_secs) = (0usize, 0.0, 0.0);
+    while st.step < cli.steps {
+        let s = step(&cfg, &corpus, &mut st, comm.as_ref()).unwrap_or_else(|e| {
+            eprintln!("trainer: rank {rank}: step {}: {e}", st.step);
+            std::process::exit(1)
+        });
+        tokens += s.tokens * n;
+        secs += s.seconds;
+        comm_secs += s.comm_seconds;
+        if let Some(f) = metrics.as_mut() {
+            writeln!(
+                f,
+                "{},{:.6},{:.1},{:.4}",
+                st.step,
+                s.loss,
+                s.tokens as f64 * n as f64 / s.seconds,
+                s.comm_seconds / s.seconds
+            )
+            .unwrap();
+        }
+        if rank == 0 && (st.step % cli.log_every == 0 || st.step == cli.steps) {
+            println!(
+                "step {:>5}  loss {:.4}  {:>8.0} tokens/s  communication {:>4.1}%",
+                st.step,
+                s.loss,
+                tokens as f64 / secs,
+                100.0 * comm_secs / secs.max(1e-9)
+            );
+            tokens = 0;
+            secs = 0.0;
+            comm_secs = 0.0;
+        }
+    }
+    if let (Some(path), 0) = (&cli.save, rank) {
+        if let Err(e) = trainer::checkpoint::save(&st, path) {
+            eprintln!("trainer: saving {path}: {e}");
+            std::process::exit(1);
+        }
+        println!("trainer: saved step {} to {path}", st.step);
+    }
+}
