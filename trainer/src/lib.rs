@@ -8,3 +8,4 @@ pub mod data;
 pub mod model;
 pub mod optim;
 pub mod train;
+pub mod zero;

@@ -160,3 +160,102 @@ fn resume_from_a_checkpoint_is_bit_identical() {
     assert!(trainer::checkpoint::load(path, &sizes[1..]).is_err());
     std::fs::remove_file(path).ok();
 }
+
+fn zero3(
+    cfg: &TrainConfig,
+    n: usize,
+    steps: u64,
+) -> Vec<(Vec<Vec<f32>>, Vec<f32>, trainer::zero::Memory)> {
+    let comm_cfg = Config {
+        socket_ifname: Some("lo".into()),
+        timeout: Duration::from_secs(120),
+        ..Config::default()
+    };
+    let id = UniqueId::with_config(&comm_cfg).unwrap();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, comm_cfg) = (&id, comm_cfg.clone());
+                s.spawn(move || {
+                    let comm = Communicator::init_with_config(id, r, n, comm_cfg).unwrap();
+                    let c = corpus();
+                    let mut st = trainer::zero::ShardState::new(cfg, r, n);
+                    let mut mem = trainer::zero::Memory::default();
+                    let losses = (0..steps)
+                        .map(|_| {
+                            let (s, m) = trainer::zero::step(cfg, &c, &mut st, &comm).unwrap();
+                            mem = m;
+                            s.loss
+                        })
+                        .collect();
+                    (trainer::zero::gather_full(&st, &comm).unwrap(), losses, mem)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn zero3_matches_ddp_and_shards_its_memory() {
+    let c = cfg(1);
+    let single_bytes = 4 * 4 * c.model.parameters(); // params + grads + m + v, f32
+    for n in [2, 4] {
+        let want = ddp(&c, n, 10);
+        let got = zero3(&c, n, 10);
+        let want_state = &want[0].0;
+        for (r, (params, losses, mem)) in got.iter().enumerate() {
+            let st = TrainState {
+                step: 10,
+                params: params.clone(),
+                moments: want_state.moments.clone(),
+            };
+            let rel = max_rel(&st, want_state);
+            assert!(
+                rel <= 1e-5,
+                "ZeRO-3 {n} ranks, rank {r}: parameters differ from DDP by {rel:e}"
+            );
+            for (a, b) in losses.iter().zip(&want[0].1) {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "ZeRO-3 {n} ranks: loss {a} vs {b}"
+                );
+            }
+            // Persistent bytes at most 1/N of the single-process figure plus padding
+            // (fewer than N elements per unit, times 4 buffers of 4 bytes).
+            let padding = 4 * 4 * n * c.model.layout().len();
+            assert!(
+                mem.persistent() <= single_bytes / n + padding,
+                "rank {r}: {} bytes vs {}/{n}",
+                mem.persistent(),
+                single_bytes
+            );
+            assert!(
+                mem.peak_gathered > 0 && mem.peak_gathered < single_bytes / 4,
+                "rank {r}: gathered peak {}",
+                mem.peak_gathered
+            );
+        }
+        eprintln!(
+            "ZeRO-3 {n} ranks vs DDP after 10 steps: relative {:e}; per-rank persistent {} B of {} B single ({:.3}), peak gathered {} B",
+            max_rel(&TrainState { step: 10, params: got[0].0.clone(), moments: want_state.moments.clone() }, want_state),
+            got[0].2.persistent(),
+            single_bytes,
+            got[0].2.persistent() as f64 / single_bytes as f64,
+            got[0].2.peak_gathered
+        );
+    }
+}
+
+#[test]
+fn zero3_with_accumulation_matches_the_unaccumulated_run() {
+    let (plain, _) = single(&cfg(1), 10);
+    let got = zero3(&cfg(2), 2, 10);
+    let st = TrainState {
+        step: 10,
+        params: got[0].0.clone(),
+        moments: plain.moments.clone(),
+    };
+    let rel = max_rel(&st, &plain);
+    assert!(rel <= 1e-5, "ZeRO-3 2 ranks, K=2: {rel:e}");
+}
