@@ -86,3 +86,74 @@ pub fn load(path: &str, expect: &[usize]) -> std::io::Result<TrainState> {
         moments,
     })
 }
+
+/// ZeRO-3: every rank writes its shard to `<path>.rank<r>`; rank 0 also
+/// writes the manifest `<path>` (rank count, step, unit lengths), so a
+/// resume can check it runs with the same layout.
+pub fn save_shard(
+    st: &crate::zero::ShardState,
+    path: &str,
+    rank: usize,
+    nranks: usize,
+) -> std::io::Result<()> {
+    let shard = TrainState {
+        step: st.step,
+        params: st.shards.clone(),
+        moments: st.moments.clone(),
+    };
+    save(&shard, &format!("{path}.rank{rank}"))?;
+    if rank == 0 {
+        let lens: Vec<String> = st.lens.iter().map(|l| l.to_string()).collect();
+        let manifest = format!(
+            "oxccl-zero3 ranks={nranks} step={} units={}\n",
+            st.step,
+            lens.join(",")
+        );
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, manifest)?;
+        std::fs::rename(tmp, path)?;
+    }
+    Ok(())
+}
+
+/// Read this rank's shard written by [`save_shard`], checking the manifest.
+pub fn load_shard(
+    path: &str,
+    rank: usize,
+    nranks: usize,
+    lens: &[usize],
+) -> std::io::Result<crate::zero::ShardState> {
+    let bad =
+        |m: String| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{path}: {m}"));
+    let manifest = std::fs::read_to_string(path)?;
+    let field = |k: &str| {
+        manifest
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .map(str::to_string)
+    };
+    if !manifest.starts_with("oxccl-zero3 ") {
+        return Err(bad("not a ZeRO-3 checkpoint manifest".into()));
+    }
+    let saved_ranks: usize = field("ranks=")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("no rank count".into()))?;
+    if saved_ranks != nranks {
+        return Err(bad(format!(
+            "saved by {saved_ranks} ranks, resuming with {nranks}"
+        )));
+    }
+    let units = field("units=").unwrap_or_default();
+    let saved: Vec<usize> = units.split(',').filter_map(|v| v.parse().ok()).collect();
+    if saved != lens {
+        return Err(bad("saved from a different model".into()));
+    }
+    let shard_lens: Vec<usize> = lens.iter().map(|l| l.div_ceil(nranks)).collect();
+    let st = load(&format!("{path}.rank{rank}"), &shard_lens)?;
+    Ok(crate::zero::ShardState {
+        step: st.step,
+        shards: st.params,
+        moments: st.moments,
+        lens: lens.to_vec(),
+    })
+}

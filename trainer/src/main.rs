@@ -3,6 +3,7 @@
 //! ```text
 //! trainer --mode single --steps 300
 //! oxrun -n 4 trainer --mode ddp --steps 300 --batch 32
+//! oxrun -n 4 trainer --mode zero3 --steps 300 --batch 32
 //! trainer --estimate --params 7e9 --ranks 8
 //! ```
 
@@ -13,7 +14,7 @@ use trainer::model::ModelConfig;
 use trainer::optim::AdamW;
 use trainer::train::{step, TrainConfig, TrainState};
 
-const USAGE: &str = "usage: trainer [--mode single|ddp] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
+const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N]
        trainer --estimate [--params P] [--ranks N]";
@@ -93,8 +94,8 @@ fn parse() -> Result<Cli, String> {
             other => return Err(format!("unknown option {other}\n{USAGE}")),
         }
     }
-    if c.mode != "single" && c.mode != "ddp" {
-        return Err(format!("--mode {:?}: use single or ddp", c.mode));
+    if !["single", "ddp", "zero3"].contains(&c.mode.as_str()) {
+        return Err(format!("--mode {:?}: use single, ddp or zero3", c.mode));
     }
     Ok(c)
 }
@@ -148,7 +149,7 @@ fn main() {
     };
     let mut cfg = cli.cfg.clone();
     cfg.model.vocab = corpus.vocab.len();
-    let comm = if cli.mode == "ddp" {
+    let comm = if cli.mode != "single" {
         Some(Communicator::from_env().unwrap_or_else(|e| {
             eprintln!("trainer: {e}");
             std::process::exit(1)
@@ -161,19 +162,35 @@ fn main() {
         eprintln!("trainer: {e}");
         std::process::exit(2);
     }
-    let mut st = match &cli.resume {
-        Some(path) => {
-            let sizes: Vec<usize> = TrainState::new(&cfg)
-                .params
-                .iter()
-                .map(|p| p.len())
-                .collect();
-            trainer::checkpoint::load(path, &sizes).unwrap_or_else(|e| {
-                eprintln!("trainer: {e}");
-                std::process::exit(1)
-            })
-        }
-        None => TrainState::new(&cfg),
+    let lens: Vec<usize> = cfg
+        .model
+        .layout()
+        .iter()
+        .map(|u| u.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
+        .collect();
+    let fail = |e: &dyn std::fmt::Display| -> ! {
+        eprintln!("trainer: rank {rank}: {e}");
+        std::process::exit(1)
+    };
+    // Single and DDP hold the whole state; ZeRO-3 this rank's shard.
+    let mut full: Option<TrainState> = None;
+    let mut shard: Option<trainer::zero::ShardState> = None;
+    if cli.mode == "zero3" {
+        shard = Some(match &cli.resume {
+            Some(path) => {
+                trainer::checkpoint::load_shard(path, rank, n, &lens).unwrap_or_else(|e| fail(&e))
+            }
+            None => trainer::zero::ShardState::new(&cfg, rank, n),
+        });
+    } else {
+        full = Some(match &cli.resume {
+            Some(path) => trainer::checkpoint::load(path, &lens).unwrap_or_else(|e| fail(&e)),
+            None => TrainState::new(&cfg),
+        });
+    }
+    let current_step = |full: &Option<TrainState>, shard: &Option<trainer::zero::ShardState>| {
+        full.as_ref()
+            .map_or_else(|| shard.as_ref().unwrap().step, |f| f.step)
     };
     let mut metrics = cli.metrics.as_ref().filter(|_| rank == 0).map(|p| {
         let mut f = std::fs::File::create(p).unwrap_or_else(|e| {
@@ -191,33 +208,40 @@ fn main() {
             cfg.batch,
             cfg.model.seq,
             cfg.accum,
-            st.step
+            current_step(&full, &shard)
         );
     }
     let (mut tokens, mut secs, mut comm_secs) = (0usize, 0.0, 0.0);
-    while st.step < cli.steps {
-        let s = step(&cfg, &corpus, &mut st, comm.as_ref()).unwrap_or_else(|e| {
-            eprintln!("trainer: rank {rank}: step {}: {e}", st.step);
-            std::process::exit(1)
-        });
+    let mut memory = trainer::zero::Memory::default();
+    while current_step(&full, &shard) < cli.steps {
+        let s = match (&mut full, &mut shard) {
+            (Some(st), _) => step(&cfg, &corpus, st, comm.as_ref()).unwrap_or_else(|e| fail(&e)),
+            (None, Some(sh)) => {
+                let (s, m) = trainer::zero::step(&cfg, &corpus, sh, comm.as_ref().unwrap())
+                    .unwrap_or_else(|e| fail(&e));
+                memory = m;
+                s
+            }
+            _ => unreachable!(),
+        };
+        let at = current_step(&full, &shard);
         tokens += s.tokens * n;
         secs += s.seconds;
         comm_secs += s.comm_seconds;
         if let Some(f) = metrics.as_mut() {
             writeln!(
                 f,
-                "{},{:.6},{:.1},{:.4}",
-                st.step,
+                "{at},{:.6},{:.1},{:.4}",
                 s.loss,
                 s.tokens as f64 * n as f64 / s.seconds,
                 s.comm_seconds / s.seconds
             )
             .unwrap();
         }
-        if rank == 0 && (st.step % cli.log_every == 0 || st.step == cli.steps) {
+        if rank == 0 && (at % cli.log_every == 0 || at == cli.steps) {
             println!(
                 "step {:>5}  loss {:.4}  {:>8.0} tokens/s  communication {:>4.1}%",
-                st.step,
+                at,
                 s.loss,
                 tokens as f64 / secs,
                 100.0 * comm_secs / secs.max(1e-9)
@@ -227,11 +251,39 @@ fn main() {
             comm_secs = 0.0;
         }
     }
-    if let (Some(path), 0) = (&cli.save, rank) {
-        if let Err(e) = trainer::checkpoint::save(&st, path) {
-            eprintln!("trainer: saving {path}: {e}");
-            std::process::exit(1);
+    // What this rank holds (f32 throughout this trainer).
+    let p = 4 * cfg.model.parameters();
+    let m = match &shard {
+        Some(sh) => trainer::zero::Memory {
+            peak_gathered: memory.peak_gathered,
+            ..sh.memory()
+        },
+        None => trainer::zero::Memory {
+            params: p,
+            grads: p,
+            optimizer: 2 * p,
+            peak_gathered: 0,
+        },
+    };
+    println!(
+        "memory rank {rank}: parameters {} B, gradients {} B, optimizer {} B, persistent {} B, peak gathered {} B",
+        m.params,
+        m.grads,
+        m.optimizer,
+        m.persistent(),
+        m.peak_gathered
+    );
+    if let (Some(path), Some(sh)) = (&cli.save, &shard) {
+        trainer::checkpoint::save_shard(sh, path, rank, n).unwrap_or_else(|e| fail(&e));
+        if rank == 0 {
+            println!(
+                "trainer: saved step {} to {path} (+ one shard file per rank)",
+                sh.step
+            );
         }
+    }
+    if let (Some(path), Some(st), 0) = (&cli.save, &full, rank) {
+        trainer::checkpoint::save(st, path).unwrap_or_else(|e| fail(&e));
         println!("trainer: saved step {} to {path}", st.step);
     }
 }
