@@ -7,5 +7,6 @@ pub mod checkpoint;
 pub mod data;
 pub mod model;
 pub mod optim;
+pub mod plot;
 pub mod train;
 pub mod zero;

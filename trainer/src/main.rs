@@ -17,7 +17,8 @@ use trainer::train::{step, TrainConfig, TrainState};
 const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N]
-       trainer --estimate [--params P] [--ranks N]";
+       trainer --estimate [--params P] [--ranks N]
+       trainer --plot OUT.svg LABEL=METRICS.csv...";
 
 struct Cli {
     mode: String,
@@ -128,7 +129,38 @@ fn estimate(params: f64, ranks: usize) {
     );
 }
 
+/// `trainer --plot OUT.svg label=metrics.csv ...`: loss curves side by side.
+fn plot_command(args: &[String]) -> ! {
+    let Some((out, runs)) = args.split_first() else {
+        eprintln!("{USAGE}");
+        std::process::exit(2)
+    };
+    let mut series = Vec::new();
+    for r in runs {
+        let (label, path) = r.split_once('=').unwrap_or((r, r));
+        match trainer::plot::read_metrics(path) {
+            Ok(p) => series.push((label.to_string(), p)),
+            Err(e) => {
+                eprintln!("trainer: {path}: {e}");
+                std::process::exit(2)
+            }
+        }
+    }
+    if let Err(e) = std::fs::write(
+        out,
+        trainer::plot::svg("training loss: single, DDP, ZeRO-3", &series),
+    ) {
+        eprintln!("trainer: {out}: {e}");
+        std::process::exit(1)
+    }
+    std::process::exit(0)
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--plot") {
+        plot_command(&args[1..]);
+    }
     let cli = match parse() {
         Ok(c) => c,
         Err(e) => {
@@ -213,6 +245,15 @@ fn main() {
     }
     let (mut tokens, mut secs, mut comm_secs) = (0usize, 0.0, 0.0);
     let mut memory = trainer::zero::Memory::default();
+    // A live bar on a terminal (rank 0); plain log lines always.
+    let bar = if rank == 0 && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = indicatif::ProgressBar::new(cli.steps);
+        b.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}").unwrap());
+        b.set_position(current_step(&full, &shard));
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     while current_step(&full, &shard) < cli.steps {
         let s = match (&mut full, &mut shard) {
             (Some(st), _) => step(&cfg, &corpus, st, comm.as_ref()).unwrap_or_else(|e| fail(&e)),
@@ -225,6 +266,13 @@ fn main() {
             _ => unreachable!(),
         };
         let at = current_step(&full, &shard);
+        bar.set_position(at);
+        bar.set_message(format!(
+            "loss {:.4}  {:.0} tokens/s  comm {:.0}%",
+            s.loss,
+            (s.tokens * n) as f64 / s.seconds,
+            100.0 * s.comm_seconds / s.seconds.max(1e-9)
+        ));
         tokens += s.tokens * n;
         secs += s.seconds;
         comm_secs += s.comm_seconds;
@@ -251,6 +299,7 @@ fn main() {
             comm_secs = 0.0;
         }
     }
+    bar.finish_and_clear();
     // What this rank holds (f32 throughout this trainer).
     let p = 4 * cfg.model.parameters();
     let m = match &shard {

@@ -309,3 +309,52 @@ fn zero3_resume_from_sharded_checkpoint_is_bit_identical() {
         std::fs::remove_file(f).ok();
     }
 }
+
+#[test]
+fn ddp_resume_from_checkpoint_is_bit_identical() {
+    let c = cfg(1);
+    let n = 2;
+    let straight = ddp(&c, n, 10);
+    let comm_cfg = Config {
+        socket_ifname: Some("lo".into()),
+        timeout: Duration::from_secs(120),
+        ..Config::default()
+    };
+    let id = UniqueId::with_config(&comm_cfg).unwrap();
+    let path = std::env::temp_dir().join(format!("oxccl-ddp-{}.ckpt", std::process::id()));
+    let path = path.to_str().unwrap().to_string();
+    let resumed: Vec<TrainState> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..n)
+            .map(|r| {
+                let (id, comm_cfg, path, c) = (&id, comm_cfg.clone(), path.clone(), &c);
+                s.spawn(move || {
+                    let comm = Communicator::init_with_config(id, r, n, comm_cfg).unwrap();
+                    let data = corpus();
+                    let mut st = TrainState::new(c);
+                    for _ in 0..5 {
+                        step(c, &data, &mut st, Some(&comm)).unwrap();
+                    }
+                    if r == 0 {
+                        trainer::checkpoint::save(&st, &path).unwrap();
+                    }
+                    comm.barrier().unwrap();
+                    let sizes: Vec<usize> = st.params.iter().map(|p| p.len()).collect();
+                    let mut st = trainer::checkpoint::load(&path, &sizes).unwrap();
+                    for _ in 0..5 {
+                        step(c, &data, &mut st, Some(&comm)).unwrap();
+                    }
+                    st
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (r, st) in resumed.iter().enumerate() {
+        assert_eq!(
+            st.params, straight[r].0.params,
+            "rank {r}: resumed DDP run diverged"
+        );
+        assert_eq!(st.moments, straight[r].0.moments);
+    }
+    std::fs::remove_file(path).ok();
+}
