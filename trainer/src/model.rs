@@ -63,33 +63,37 @@ impl ModelConfig {
 
 /// Deterministic initial weights (GPT-2 style), one flat buffer per unit.
 pub fn init(cfg: &ModelConfig, seed: u64) -> Vec<Vec<f32>> {
+    init_units(cfg, seed).collect()
+}
+
+/// The same weights, one unit at a time (ZeRO-3 keeps only its shard of
+/// each, so no rank ever holds the whole model).
+pub fn init_units(cfg: &ModelConfig, seed: u64) -> impl Iterator<Item = Vec<f32>> {
     let mut rng = Rng(seed);
-    cfg.layout()
-        .iter()
-        .map(|unit| {
-            let mut flat = Vec::new();
-            for (name, shape) in unit {
-                let n: usize = shape.iter().product();
-                let is_gain = name.ends_with("_g");
-                let is_bias = name.starts_with("b_") || name.ends_with("_b");
-                let scale = if name == "w_proj" || name == "w_o" {
-                    0.02 / (2.0 * cfg.layers as f64).sqrt()
+    let layers = cfg.layers;
+    cfg.layout().into_iter().map(move |unit| {
+        let mut flat = Vec::new();
+        for (name, shape) in &unit {
+            let n: usize = shape.iter().product();
+            let is_gain = name.ends_with("_g");
+            let is_bias = name.starts_with("b_") || name.ends_with("_b");
+            let scale = if name == "w_proj" || name == "w_o" {
+                0.02 / (2.0 * layers as f64).sqrt()
+            } else {
+                0.02
+            };
+            flat.extend((0..n).map(|_| {
+                if is_gain {
+                    1.0
+                } else if is_bias {
+                    0.0
                 } else {
-                    0.02
-                };
-                flat.extend((0..n).map(|_| {
-                    if is_gain {
-                        1.0
-                    } else if is_bias {
-                        0.0
-                    } else {
-                        (rng.normal() * scale) as f32
-                    }
-                }));
-            }
-            flat
-        })
-        .collect()
+                    (rng.normal() * scale) as f32
+                }
+            }));
+        }
+        flat
+    })
 }
 
 /// Wrap one unit's flat buffer into candle variables.

@@ -85,9 +85,24 @@ impl ShardState {
     /// Fresh sharded state: each unit is initialised, sliced and dropped in
     /// turn, so no rank ever holds the whole model.
     pub fn new(cfg: &TrainConfig, rank: usize, n: usize) -> ShardState {
-        // Initialisation is defined over the whole model (same as DDP);
-        // taking one unit at a time keeps the transient to one unit.
-        ShardState::from_full(&TrainState::new(cfg), rank, n)
+        let mut shards = Vec::new();
+        let mut lens = Vec::new();
+        for unit in crate::model::init_units(&cfg.model, cfg.seed) {
+            let s = shard_len(unit.len(), n);
+            shards.push(
+                (rank * s..(rank + 1) * s)
+                    .map(|i| unit.get(i).copied().unwrap_or(0.0))
+                    .collect(),
+            );
+            lens.push(unit.len());
+        }
+        let moments = shards.iter().map(|_| Moments::default()).collect();
+        ShardState {
+            step: 0,
+            shards,
+            moments,
+            lens,
+        }
     }
 
     /// Bytes held between steps.
