@@ -105,7 +105,7 @@ fn parse() -> Result<Cli, String> {
 fn estimate(params: f64, ranks: usize) {
     let gb = |b: f64| b / 1e9;
     let (p, n, k) = (params, ranks as f64, 12.0);
-    println!("model states per rank for {:.3e} parameters, mixed-precision Adam (fp16 params 2, fp16 grads 2, fp32 master+m+v K=12 bytes each):", p);
+    println!("model states per rank for {:.3e} parameters, mixed-precision Adam (fp16 parameters 2 B, fp16 gradients 2 B, fp32 master copy + m + v K = 12 B per parameter):", p);
     println!("  {:<28} {:>12}", "stage", "GB per rank");
     println!(
         "  {:<28} {:>12.1}",
