@@ -6,39 +6,19 @@
 //! within 5 s of its death; the worst detection time per transport is
 //! printed.
 
+mod common;
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const SELFTEST: &str = env!("CARGO_BIN_EXE_oxccl-selftest");
 const N: usize = 4;
 
 fn case(transport: &str, kind: &str, victim: usize, when: &str) -> u128 {
-    let id = oxccl::UniqueId::serve(
-        "127.0.0.1:0".parse().unwrap(),
-        oxccl::comm_core_secret(),
-        Duration::from_secs(60),
-    )
-    .unwrap();
     // Early deaths use small messages (the others wait inside the call);
     // mid-transfer deaths use large ones (data is flowing when it happens).
     let bytes = if when == "early" { "64K" } else { "32M" };
-    let mut kids: Vec<_> = (0..N)
-        .map(|r| {
-            Command::new(SELFTEST)
-                .args(["fault", kind, bytes, &victim.to_string(), when])
-                .env("OXCCL_RANK", r.to_string())
-                .env("OXCCL_WORLD_SIZE", N.to_string())
-                .env("OXCCL_UNIQUE_ID", id.to_string())
-                .env("OXCCL_SOCKET_IFNAME", "lo")
-                .env("OXCCL_TIMEOUT", "60")
-                .env("OXCCL_TRANSPORT", transport)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let victim_s = victim.to_string();
+    let mut kids =
+        common::spawn_selftest(N, &["fault", kind, bytes, &victim_s, when], transport, 60);
     let outs: Vec<Vec<String>> = kids
         .iter_mut()
         .map(|k| {
@@ -127,28 +107,7 @@ fn fault_matrix_shm() {
 #[test]
 fn a_stopped_peer_is_a_timeout_naming_it_on_every_survivor() {
     for transport in ["tcp", "shm"] {
-        let id = oxccl::UniqueId::serve(
-            "127.0.0.1:0".parse().unwrap(),
-            oxccl::comm_core_secret(),
-            Duration::from_secs(60),
-        )
-        .unwrap();
-        let mut kids: Vec<_> = (0..N)
-            .map(|r| {
-                Command::new(SELFTEST)
-                    .args(["loop", "1M"])
-                    .env("OXCCL_RANK", r.to_string())
-                    .env("OXCCL_WORLD_SIZE", N.to_string())
-                    .env("OXCCL_UNIQUE_ID", id.to_string())
-                    .env("OXCCL_SOCKET_IFNAME", "lo")
-                    .env("OXCCL_TIMEOUT", "2")
-                    .env("OXCCL_TRANSPORT", transport)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        let mut kids = common::spawn_selftest(N, &["loop", "1M"], transport, 2);
         let mut readers: Vec<_> = kids
             .iter_mut()
             .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())

@@ -2,7 +2,7 @@
 //! launcher's failure handling, launching with torchrun's variables, and
 //! SIGKILL of a rank in the middle of a long all_reduce.
 
-use oxccl::comm_core_secret;
+mod common;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -114,28 +114,7 @@ fn spawn_loop(n: usize, bytes: &str, transport: &str) -> Vec<Child> {
 }
 
 fn spawn_mode(n: usize, mode: &str, bytes: &str, transport: &str) -> Vec<Child> {
-    let id = oxccl::UniqueId::serve(
-        "127.0.0.1:0".parse().unwrap(),
-        comm_core_secret(),
-        Duration::from_secs(60),
-    )
-    .unwrap();
-    (0..n)
-        .map(|r| {
-            Command::new(SELFTEST)
-                .args([mode, bytes])
-                .env("OXCCL_RANK", r.to_string())
-                .env("OXCCL_WORLD_SIZE", n.to_string())
-                .env("OXCCL_UNIQUE_ID", id.to_string())
-                .env("OXCCL_SOCKET_IFNAME", "lo")
-                .env("OXCCL_TIMEOUT", "60")
-                .env("OXCCL_TRANSPORT", transport)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect()
+    common::spawn_selftest(n, &[mode, bytes], transport, 60)
 }
 
 fn sigkill_test(transport: &str) {

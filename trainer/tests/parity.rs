@@ -41,7 +41,8 @@ fn single(cfg: &TrainConfig, steps: u64) -> (TrainState, Vec<f32>) {
     (st, losses)
 }
 
-fn ddp(cfg: &TrainConfig, n: usize, steps: u64) -> Vec<(TrainState, Vec<f32>)> {
+/// Run `f` on `n` ranks (threads) of a fresh communicator on loopback.
+fn with_comms<R: Send>(n: usize, f: impl Fn(Communicator, usize) -> R + Sync) -> Vec<R> {
     let comm_cfg = Config {
         socket_ifname: Some("lo".into()),
         timeout: Duration::from_secs(120),
@@ -51,19 +52,27 @@ fn ddp(cfg: &TrainConfig, n: usize, steps: u64) -> Vec<(TrainState, Vec<f32>)> {
     std::thread::scope(|s| {
         let hs: Vec<_> = (0..n)
             .map(|r| {
-                let (id, comm_cfg) = (&id, comm_cfg.clone());
+                let (id, comm_cfg, f) = (&id, comm_cfg.clone(), &f);
                 s.spawn(move || {
-                    let comm = Communicator::init_with_config(id, r, n, comm_cfg).unwrap();
-                    let c = corpus();
-                    let mut st = TrainState::new(cfg);
-                    let losses = (0..steps)
-                        .map(|_| step(cfg, &c, &mut st, Some(&comm)).unwrap().loss)
-                        .collect();
-                    (st, losses)
+                    f(
+                        Communicator::init_with_config(id, r, n, comm_cfg).unwrap(),
+                        r,
+                    )
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn ddp(cfg: &TrainConfig, n: usize, steps: u64) -> Vec<(TrainState, Vec<f32>)> {
+    with_comms(n, |comm, _| {
+        let c = corpus();
+        let mut st = TrainState::new(cfg);
+        let losses = (0..steps)
+            .map(|_| step(cfg, &c, &mut st, Some(&comm)).unwrap().loss)
+            .collect();
+        (st, losses)
     })
 }
 
@@ -166,33 +175,18 @@ fn zero3(
     n: usize,
     steps: u64,
 ) -> Vec<(Vec<Vec<f32>>, Vec<f32>, trainer::zero::Memory)> {
-    let comm_cfg = Config {
-        socket_ifname: Some("lo".into()),
-        timeout: Duration::from_secs(120),
-        ..Config::default()
-    };
-    let id = UniqueId::with_config(&comm_cfg).unwrap();
-    std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (id, comm_cfg) = (&id, comm_cfg.clone());
-                s.spawn(move || {
-                    let comm = Communicator::init_with_config(id, r, n, comm_cfg).unwrap();
-                    let c = corpus();
-                    let mut st = trainer::zero::ShardState::new(cfg, r, n);
-                    let mut mem = trainer::zero::Memory::default();
-                    let losses = (0..steps)
-                        .map(|_| {
-                            let (s, m) = trainer::zero::step(cfg, &c, &mut st, &comm).unwrap();
-                            mem = m;
-                            s.loss
-                        })
-                        .collect();
-                    (trainer::zero::gather_full(&st, &comm).unwrap(), losses, mem)
-                })
+    with_comms(n, |comm, r| {
+        let c = corpus();
+        let mut st = trainer::zero::ShardState::new(cfg, r, n);
+        let mut mem = trainer::zero::Memory::default();
+        let losses = (0..steps)
+            .map(|_| {
+                let (s, m) = trainer::zero::step(cfg, &c, &mut st, &comm).unwrap();
+                mem = m;
+                s.loss
             })
             .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+        (trainer::zero::gather_full(&st, &comm).unwrap(), losses, mem)
     })
 }
 
@@ -264,42 +258,30 @@ fn zero3_with_accumulation_matches_the_unaccumulated_run() {
 fn zero3_resume_from_sharded_checkpoint_is_bit_identical() {
     let c = cfg(1);
     let n = 2;
-    let comm_cfg = Config {
-        socket_ifname: Some("lo".into()),
-        timeout: Duration::from_secs(120),
-        ..Config::default()
-    };
-    let id = UniqueId::with_config(&comm_cfg).unwrap();
     let path = std::env::temp_dir().join(format!("oxccl-zero3-{}.ckpt", std::process::id()));
     let path = path.to_str().unwrap().to_string();
-    std::thread::scope(|s| {
-        for r in 0..n {
-            let (id, comm_cfg, path, c) = (&id, comm_cfg.clone(), path.clone(), &c);
-            s.spawn(move || {
-                let comm = Communicator::init_with_config(id, r, n, comm_cfg).unwrap();
-                let data = corpus();
-                let mut straight = trainer::zero::ShardState::new(c, r, n);
-                for _ in 0..10 {
-                    trainer::zero::step(c, &data, &mut straight, &comm).unwrap();
-                }
-                let mut st = trainer::zero::ShardState::new(c, r, n);
-                for _ in 0..5 {
-                    trainer::zero::step(c, &data, &mut st, &comm).unwrap();
-                }
-                trainer::checkpoint::save_shard(&st, &path, r, n).unwrap();
-                comm.barrier().unwrap(); // the manifest is written by rank 0
-                let mut resumed = trainer::checkpoint::load_shard(&path, r, n, &st.lens).unwrap();
-                assert_eq!(resumed, st);
-                for _ in 0..5 {
-                    trainer::zero::step(c, &data, &mut resumed, &comm).unwrap();
-                }
-                assert_eq!(resumed, straight, "rank {r}: resumed run diverged");
-                assert!(
-                    trainer::checkpoint::load_shard(&path, r, n + 1, &st.lens).is_err(),
-                    "wrong rank count accepted"
-                );
-            });
+    with_comms(n, |comm, r| {
+        let data = corpus();
+        let mut straight = trainer::zero::ShardState::new(&c, r, n);
+        for _ in 0..10 {
+            trainer::zero::step(&c, &data, &mut straight, &comm).unwrap();
         }
+        let mut st = trainer::zero::ShardState::new(&c, r, n);
+        for _ in 0..5 {
+            trainer::zero::step(&c, &data, &mut st, &comm).unwrap();
+        }
+        trainer::checkpoint::save_shard(&st, &path, r, n).unwrap();
+        comm.barrier().unwrap(); // the manifest is written by rank 0
+        let mut resumed = trainer::checkpoint::load_shard(&path, r, n, &st.lens).unwrap();
+        assert_eq!(resumed, st);
+        for _ in 0..5 {
+            trainer::zero::step(&c, &data, &mut resumed, &comm).unwrap();
+        }
+        assert_eq!(resumed, straight, "rank {r}: resumed run diverged");
+        assert!(
+            trainer::checkpoint::load_shard(&path, r, n + 1, &st.lens).is_err(),
+            "wrong rank count accepted"
+        );
     });
     for f in [
         path.clone(),
@@ -315,39 +297,24 @@ fn ddp_resume_from_checkpoint_is_bit_identical() {
     let c = cfg(1);
     let n = 2;
     let straight = ddp(&c, n, 10);
-    let comm_cfg = Config {
-        socket_ifname: Some("lo".into()),
-        timeout: Duration::from_secs(120),
-        ..Config::default()
-    };
-    let id = UniqueId::with_config(&comm_cfg).unwrap();
     let path = std::env::temp_dir().join(format!("oxccl-ddp-{}.ckpt", std::process::id()));
     let path = path.to_str().unwrap().to_string();
-    let resumed: Vec<TrainState> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..n)
-            .map(|r| {
-                let (id, comm_cfg, path, c) = (&id, comm_cfg.clone(), path.clone(), &c);
-                s.spawn(move || {
-                    let comm = Communicator::init_with_config(id, r, n, comm_cfg).unwrap();
-                    let data = corpus();
-                    let mut st = TrainState::new(c);
-                    for _ in 0..5 {
-                        step(c, &data, &mut st, Some(&comm)).unwrap();
-                    }
-                    if r == 0 {
-                        trainer::checkpoint::save(&st, &path).unwrap();
-                    }
-                    comm.barrier().unwrap();
-                    let sizes: Vec<usize> = st.params.iter().map(|p| p.len()).collect();
-                    let mut st = trainer::checkpoint::load(&path, &sizes).unwrap();
-                    for _ in 0..5 {
-                        step(c, &data, &mut st, Some(&comm)).unwrap();
-                    }
-                    st
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let resumed: Vec<TrainState> = with_comms(n, |comm, r| {
+        let data = corpus();
+        let mut st = TrainState::new(&c);
+        for _ in 0..5 {
+            step(&c, &data, &mut st, Some(&comm)).unwrap();
+        }
+        if r == 0 {
+            trainer::checkpoint::save(&st, &path).unwrap();
+        }
+        comm.barrier().unwrap();
+        let sizes: Vec<usize> = st.params.iter().map(|p| p.len()).collect();
+        let mut st = trainer::checkpoint::load(&path, &sizes).unwrap();
+        for _ in 0..5 {
+            step(&c, &data, &mut st, Some(&comm)).unwrap();
+        }
+        st
     });
     for (r, st) in resumed.iter().enumerate() {
         assert_eq!(

@@ -57,3 +57,36 @@ pub fn with_rank_configs<R: Send>(
             .collect()
     })
 }
+
+/// Start `n` ranks of `oxccl-selftest ARGS` as separate processes (not
+/// under oxrun, which would stop survivors itself), joined through a root
+/// hosted by this test process; stdout piped for the test to read.
+pub fn spawn_selftest(
+    n: usize,
+    args: &[&str],
+    transport: &str,
+    timeout_s: u32,
+) -> Vec<std::process::Child> {
+    let id = UniqueId::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        oxccl::comm_core_secret(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    (0..n)
+        .map(|r| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_oxccl-selftest"))
+                .args(args)
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_WORLD_SIZE", n.to_string())
+                .env("OXCCL_UNIQUE_ID", id.to_string())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", timeout_s.to_string())
+                .env("OXCCL_TRANSPORT", transport)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect()
+}
