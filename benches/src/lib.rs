@@ -49,9 +49,14 @@ pub fn main(coll: Coll) -> i32 {
             });
         }
     }
-    if args.registered && coll != Coll::AllReduce {
+    if args.registered
+        && !matches!(
+            coll,
+            Coll::AllReduce | Coll::AllGather | Coll::Broadcast | Coll::ReduceScatter
+        )
+    {
         eprintln!(
-            "{}: --registered (zero-copy registered buffers) is implemented for all_reduce_perf",
+            "{}: --registered (zero-copy registered buffers) is implemented for all_reduce_perf, all_gather_perf, broadcast_perf and reduce_scatter_perf",
             coll.program()
         );
         return 2;
@@ -177,8 +182,10 @@ fn across_ranks(
     Ok((secs[0], w[0]))
 }
 
-/// [`measure`] for all_reduce on registered buffers (`--registered`): the
-/// same data and check, the zero-copy path.
+/// [`measure`] on registered buffers (`--registered`): the same data and
+/// check, the zero-copy paths (all_reduce, all_gather, broadcast,
+/// reduce_scatter; out of place copies the input in first where the call
+/// itself is in place, outside the timed loop only for the check run).
 fn measure_registered<T: TestElem>(
     comm: &Communicator,
     args: &Args,
@@ -187,30 +194,54 @@ fn measure_registered<T: TestElem>(
     in_place: bool,
 ) -> oxccl::Result<(f64, u64, coll::Shape)> {
     let shape = case.coll.shape(bytes, T::DTYPE.size(), comm.nranks());
+    let (r, root, op) = (comm.rank(), case.root, case.op);
     let mut plain = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
     let mut send = comm.alloc_shared::<T>(shape.send_len)?;
     send.copy_from_slice(&plain.send);
     let mut recv = comm.alloc_shared::<T>(shape.recv_len)?;
     recv.copy_from_slice(&plain.recv);
-    let run = |send: &oxccl::SharedBuffer<T>, recv: &mut oxccl::SharedBuffer<T>| {
-        if in_place {
-            comm.all_reduce_shared(recv, case.op)
-        } else {
-            comm.all_reduce_shared_from(send, recv, case.op)
+    let c = shape.per_rank;
+    let mut out = vec![T::default(); shape.recv_len];
+    let run = |send: &mut oxccl::SharedBuffer<T>,
+               recv: &mut oxccl::SharedBuffer<T>,
+               out: &mut Vec<T>|
+     -> oxccl::Result<()> {
+        match (case.coll, in_place) {
+            (Coll::AllReduce, true) => comm.all_reduce_shared(recv, op),
+            (Coll::AllReduce, false) => comm.all_reduce_shared_from(send, recv, op),
+            (Coll::AllGather, true) => comm.all_gather_shared(recv),
+            (Coll::AllGather, false) => {
+                recv[r * c..(r + 1) * c].copy_from_slice(&send[..c]);
+                comm.all_gather_shared(recv)
+            }
+            (Coll::Broadcast, true) => comm.broadcast_shared(recv, root),
+            (Coll::Broadcast, false) => {
+                if r == root {
+                    recv.copy_from_slice(send);
+                }
+                comm.broadcast_shared(recv, root)
+            }
+            (Coll::ReduceScatter, true) => comm.reduce_scatter_shared(send, op),
+            (Coll::ReduceScatter, false) => comm.reduce_scatter_shared_from(send, out, op),
+            _ => unreachable!("refused in main"),
         }
     };
-    run(&send, &mut recv)?;
+    run(&mut send, &mut recv, &mut out)?;
     let mut wrong = 0;
     if args.check {
-        plain.recv.copy_from_slice(&recv);
-        if args.corrupt_rank == Some(comm.rank()) {
+        match case.coll {
+            Coll::ReduceScatter if in_place => plain.send.copy_from_slice(&send),
+            Coll::ReduceScatter => plain.recv.copy_from_slice(&out),
+            _ => plain.recv.copy_from_slice(&recv),
+        }
+        if args.corrupt_rank == Some(r) {
             case.coll.corrupt(comm, &shape, &mut plain, in_place);
         }
         wrong = case
             .coll
             .wrong(comm, &shape, &plain, case.op, case.root, in_place);
     }
-    let (secs, wrong) = timed(comm, args, wrong, || run(&send, &mut recv))?;
+    let (secs, wrong) = timed(comm, args, wrong, || run(&mut send, &mut recv, &mut out))?;
     Ok((secs, wrong, shape))
 }
 

@@ -214,9 +214,46 @@ fn bad_flags_exit_2_with_a_message() {
     let (code, _, err) = run(Coll::AllReduce, &["-d", "float128"]);
     assert_eq!(code, 2);
     assert!(err.contains("unknown datatype"));
-    let (code, _, err) = run(Coll::AllGather, &["--registered"]);
+    let (code, _, err) = run(Coll::AllToAll, &["--registered"]);
     assert_eq!(code, 2);
     assert!(err.contains("registered"));
+}
+
+#[test]
+fn registered_gather_broadcast_and_reduce_scatter_check_exactly() {
+    for c in [Coll::AllGather, Coll::Broadcast, Coll::ReduceScatter] {
+        let (code, out, err) = run(
+            c,
+            &[
+                "--np",
+                "3",
+                "-b",
+                "8",
+                "-e",
+                "1M",
+                "-f",
+                "32",
+                "-n",
+                "2",
+                "-d",
+                "all",
+                "-o",
+                "all",
+                "-r",
+                "2",
+                "--registered",
+            ],
+        );
+        assert_eq!(code, 0, "{}: {err}", c.program());
+        let p = parse(&out).unwrap();
+        assert!(!p.rows.is_empty());
+        assert!(
+            p.rows
+                .iter()
+                .all(|r| r.oop.wrong == Some(0) && r.ip.wrong == Some(0)),
+            "{out}"
+        );
+    }
 }
 
 #[test]

@@ -66,8 +66,9 @@ pub(crate) struct State {
     pub(crate) flags: Option<crate::registered::Flags>,
     /// Shared buffers allocated so far (their ids).
     pub(crate) shared_allocs: u64,
-    /// Zero-copy collectives run so far (each takes three flag phases).
-    pub(crate) shared_epoch: u32,
+    /// Flag phases used by zero-copy collectives so far (the counter every
+    /// rank's phase word follows).
+    pub(crate) shared_phase: u32,
     /// Temporary chunk for in-place zero-copy reductions.
     pub(crate) shared_tmp: Vec<u64>,
     /// When the control connection was last read between calls.
@@ -244,7 +245,7 @@ impl Communicator {
                     control_checked: Instant::now(),
                     flags: None,
                     shared_allocs: 0,
-                    shared_epoch: 0,
+                    shared_phase: 0,
                     shared_tmp: Vec::new(),
                     schedules: Vec::new(),
                     seq: 0,

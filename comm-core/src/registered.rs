@@ -396,6 +396,154 @@ fn arrive(st: &State, me: usize, target: u32) {
 /// Elements per block of the reduce phase (bounded temporary for in place).
 const BLOCK: usize = 64 << 10;
 
+/// The phases of one zero-copy call: "ready" (every rank has published its
+/// call and they agree) is passed by [`Phases::begin`]; each further
+/// [`Phases::barrier`] is one more phase.
+struct Phases {
+    next: u32,
+    during: String,
+    own: String,
+    deadline: Instant,
+}
+
+impl Phases {
+    /// Take a sequence number, publish this rank's call (fingerprint and
+    /// buffer ids), reserve `phases` phase numbers, and pass "ready":
+    /// every peer has arrived and called the same thing.
+    fn begin(
+        inner: &Inner,
+        st: &mut State,
+        fp: Fingerprint,
+        ids: u64,
+        phases: u32,
+    ) -> Result<Phases> {
+        let me = inner.rank;
+        let seq = st.seq;
+        st.seq += 1;
+        let base = st.shared_phase;
+        st.shared_phase = st.shared_phase.wrapping_add(phases);
+        let describe = |fp: &Fingerprint, seq: u64, ids: u64| {
+            format!(
+                "{fp} as collective #{seq} on shared buffers {}/{}",
+                ids >> 32,
+                ids & 0xffff_ffff
+            )
+        };
+        let mut p = Phases {
+            next: base.wrapping_add(1),
+            during: format!("{} #{seq} (registered)", fp.kind.name()),
+            own: describe(&fp, seq, ids),
+            deadline: Instant::now() + inner.config.timeout,
+        };
+        {
+            let call = st.flags.as_ref().unwrap().call(me, me);
+            let f = fp.encode();
+            call[0].store(
+                u64::from_le_bytes(f[..8].try_into().unwrap()),
+                Ordering::Relaxed,
+            );
+            call[1].store(
+                u64::from_le_bytes(f[8..].try_into().unwrap()),
+                Ordering::Relaxed,
+            );
+            call[2].store(seq, Ordering::Relaxed);
+            call[3].store(ids, Ordering::Relaxed);
+        }
+        arrive(st, me, p.next);
+        let own = p.own.clone();
+        wait_all(
+            inner,
+            st,
+            p.next,
+            &p.during,
+            &p.own,
+            p.deadline,
+            |flags, k| {
+                let c = flags.call(k, me);
+                let mut b = [0u8; 16];
+                b[..8].copy_from_slice(&c[0].load(Ordering::Relaxed).to_le_bytes());
+                b[8..].copy_from_slice(&c[1].load(Ordering::Relaxed).to_le_bytes());
+                let theirs = Fingerprint::decode(&b);
+                let (their_seq, their_ids) =
+                    (c[2].load(Ordering::Relaxed), c[3].load(Ordering::Relaxed));
+                if theirs.is_some_and(|t| t.agrees_with(&fp))
+                    && their_seq == seq
+                    && their_ids == ids
+                {
+                    return Ok(());
+                }
+                let remote = match theirs {
+                    Some(t) => describe(&t, their_seq, their_ids),
+                    None => "something unreadable".into(),
+                };
+                Err(Error::Mismatch {
+                    local: own.clone(),
+                    peer: k,
+                    remote,
+                })
+            },
+        )?;
+        p.next = p.next.wrapping_add(1);
+        Ok(p)
+    }
+
+    /// Arrive at the next phase and wait until every peer has.
+    fn barrier(&mut self, inner: &Inner, st: &mut State) -> Result<()> {
+        arrive(st, inner.rank, self.next);
+        wait_all(
+            inner,
+            st,
+            self.next,
+            &self.during,
+            &self.own,
+            self.deadline,
+            |_, _| Ok(()),
+        )?;
+        self.next = self.next.wrapping_add(1);
+        Ok(())
+    }
+}
+
+/// `dst[..len] = op over ranks k of src_k[at..at+len]` (src of rank k read
+/// directly), in blocks; `dst` may be this rank's own source (in place).
+#[allow(clippy::too_many_arguments)]
+fn reduce_direct<T: Element>(
+    st: &mut State,
+    src: &SharedBuffer<T>,
+    at: usize,
+    len: usize,
+    dst: *mut T,
+    op: ReduceOp,
+    me: usize,
+    n: usize,
+) {
+    if st.shared_tmp.len() * 8 < BLOCK * std::mem::size_of::<T>() {
+        st.shared_tmp
+            .resize((BLOCK * std::mem::size_of::<T>()).div_ceil(8), 0);
+    }
+    let mut done = 0;
+    while done < len {
+        let m = (len - done).min(BLOCK);
+        // SAFETY: every rank's buffer holds the allocation's length (checked
+        // at allocation); this range of the sources is only read while the
+        // phase lasts, and nobody writes it.
+        let srcs: Vec<&[T]> = (0..n)
+            .map(|k| unsafe { std::slice::from_raw_parts(src.peer_ptr(k, me).add(at + done), m) })
+            .collect();
+        // SAFETY: the temporary holds BLOCK elements of T (u64-aligned).
+        let tmp =
+            unsafe { std::slice::from_raw_parts_mut(st.shared_tmp.as_mut_ptr() as *mut T, m) };
+        kernels::reduce_n(op.kernel_op(), tmp, &srcs);
+        if op == ReduceOp::Avg {
+            kernels::div_assign(tmp, n);
+        }
+        // SAFETY: `dst` is this rank's own memory for `len` elements, which
+        // no peer reads during this phase.
+        unsafe { std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst.add(done), m) };
+        done += m;
+    }
+}
+
 fn zero_copy_all_reduce<T: Element>(
     inner: &Inner,
     st: &mut State,
@@ -404,131 +552,27 @@ fn zero_copy_all_reduce<T: Element>(
     op: ReduceOp,
 ) -> Result<()> {
     let (me, n, count) = (inner.rank, inner.nranks, recv.len);
-    let seq = st.seq;
-    st.seq += 1;
     let fp = Fingerprint::new(Kind::AllReduce, T::DTYPE, count).with_op(op);
-    let during = format!("all_reduce #{seq} (registered)");
-    let deadline = Instant::now() + inner.config.timeout;
-    let own = format!(
-        "{fp} as collective #{seq} on shared buffers {}/{}",
-        send.id, recv.id
-    );
-    let base = st.shared_epoch.wrapping_mul(3);
-    st.shared_epoch = st.shared_epoch.wrapping_add(1);
-
-    // Ready: describe the call, then wait for everyone's description.
-    {
-        let call = st.flags.as_ref().unwrap().call(me, me);
-        let f = fp.encode();
-        call[0].store(
-            u64::from_le_bytes(f[..8].try_into().unwrap()),
-            Ordering::Relaxed,
-        );
-        call[1].store(
-            u64::from_le_bytes(f[8..].try_into().unwrap()),
-            Ordering::Relaxed,
-        );
-        call[2].store(seq, Ordering::Relaxed);
-        call[3].store(send.id << 32 | recv.id, Ordering::Relaxed);
-    }
-    arrive(st, me, base.wrapping_add(1));
-    let bufs = send.id << 32 | recv.id;
-    wait_all(
-        inner,
-        st,
-        base.wrapping_add(1),
-        &during,
-        &own,
-        deadline,
-        |flags, k| {
-            let c = flags.call(k, me);
-            let mut b = [0u8; 16];
-            b[..8].copy_from_slice(&c[0].load(Ordering::Relaxed).to_le_bytes());
-            b[8..].copy_from_slice(&c[1].load(Ordering::Relaxed).to_le_bytes());
-            let theirs = Fingerprint::decode(&b);
-            let their_seq = c[2].load(Ordering::Relaxed);
-            let their_bufs = c[3].load(Ordering::Relaxed);
-            if theirs.is_some_and(|t| t.agrees_with(&fp)) && their_seq == seq && their_bufs == bufs
-            {
-                return Ok(());
-            }
-            let remote = match theirs {
-                Some(t) => format!(
-                    "{t} as collective #{their_seq} on shared buffers {}/{}",
-                    their_bufs >> 32,
-                    their_bufs & 0xffff_ffff
-                ),
-                None => "something unreadable".into(),
-            };
-            Err(Error::Mismatch {
-                local: format!(
-                    "{fp} as collective #{seq} on shared buffers {}/{}",
-                    send.id, recv.id
-                ),
-                peer: k,
-                remote,
-            })
-        },
-    )?;
-
+    let mut ph = Phases::begin(inner, st, fp, send.id << 32 | recv.id, 3)?;
     // Reduce-scatter by direct reads: this rank owns segment `me`.
     let (off, len) = (seg_off(count, n, me), seg_len(count, n, me));
-    let in_place = std::ptr::eq(send, recv);
-    if in_place && st.shared_tmp.len() * 8 < BLOCK * std::mem::size_of::<T>() {
-        st.shared_tmp
-            .resize((BLOCK * std::mem::size_of::<T>()).div_ceil(8), 0);
-    }
-    let mut done = 0;
-    while done < len {
-        let m = (len - done).min(BLOCK);
-        let at = off + done;
-        // SAFETY: every rank's buffer holds `count` elements (checked at
-        // allocation); segment `me` of the peers' send buffers is read only
-        // by this rank during this phase, and nobody writes them now.
-        let mut srcs: Vec<&[T]> = (0..n)
-            .map(|k| unsafe { std::slice::from_raw_parts(send.peer_ptr(k, me).add(at), m) })
-            .collect();
-        if in_place {
-            // Our own segment is both a source and the destination.
-            // SAFETY: the temporary holds BLOCK elements of T (u64-aligned).
-            let tmp =
-                unsafe { std::slice::from_raw_parts_mut(st.shared_tmp.as_mut_ptr() as *mut T, m) };
-            kernels::reduce_n(op.kernel_op(), tmp, &srcs);
-            srcs.clear();
-            // SAFETY: our own buffer, segment `me`, which no peer reads in this phase.
-            unsafe {
-                std::ptr::copy_nonoverlapping(tmp.as_ptr(), recv.peer_ptr(me, me).add(at), m)
-            };
-        } else {
-            // SAFETY: our own receive buffer is distinct from every send buffer.
-            let dst = unsafe { std::slice::from_raw_parts_mut(recv.peer_ptr(me, me).add(at), m) };
-            kernels::reduce_n(op.kernel_op(), dst, &srcs);
-        }
-        if op == ReduceOp::Avg {
-            // SAFETY: as above, our own segment.
-            kernels::div_assign(
-                unsafe { std::slice::from_raw_parts_mut(recv.peer_ptr(me, me).add(at), m) },
-                n,
-            );
-        }
-        done += m;
-    }
-    arrive(st, me, base.wrapping_add(2));
-    wait_all(
-        inner,
+    // SAFETY: our own receive buffer, segment `me`.
+    reduce_direct(
         st,
-        base.wrapping_add(2),
-        &during,
-        &own,
-        deadline,
-        |_, _| Ok(()),
-    )?;
-
+        send,
+        off,
+        len,
+        unsafe { recv.peer_ptr(me, me).add(off) },
+        op,
+        me,
+        n,
+    );
+    ph.barrier(inner, st)?;
     // All-gather by direct reads of the owners' reduced segments.
     for k in (0..n).filter(|k| *k != me) {
         let (o, l) = (seg_off(count, n, k), seg_len(count, n, k));
-        // SAFETY: segment k of rank k's receive buffer is final (phase 2) and
-        // stays unchanged until phase 3; ours is written by us only.
+        // SAFETY: segment k of rank k's receive buffer is final and stays
+        // unchanged until the last phase; ours is written by us only.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 recv.peer_ptr(k, me).add(o),
@@ -537,17 +581,158 @@ fn zero_copy_all_reduce<T: Element>(
             )
         };
     }
-    arrive(st, me, base.wrapping_add(3));
-    wait_all(
-        inner,
-        st,
-        base.wrapping_add(3),
-        &during,
-        &own,
-        deadline,
-        |_, _| Ok(()),
-    )?;
-    Ok(())
+    ph.barrier(inner, st)
+}
+
+fn zero_copy_broadcast<T: Element>(
+    inner: &Inner,
+    st: &mut State,
+    buf: &SharedBuffer<T>,
+    root: usize,
+) -> Result<()> {
+    let me = inner.rank;
+    let fp = Fingerprint::new(Kind::Broadcast, T::DTYPE, buf.len).with_root(root);
+    let mut ph = Phases::begin(inner, st, fp, buf.id << 32 | buf.id, 2)?;
+    if me != root {
+        // SAFETY: the root's buffer does not change until the last phase.
+        unsafe {
+            std::ptr::copy_nonoverlapping(buf.peer_ptr(root, me), buf.peer_ptr(me, me), buf.len)
+        };
+    }
+    ph.barrier(inner, st)
+}
+
+fn zero_copy_all_gather<T: Element>(
+    inner: &Inner,
+    st: &mut State,
+    buf: &SharedBuffer<T>,
+) -> Result<()> {
+    let (me, n) = (inner.rank, inner.nranks);
+    let c = buf.len / n;
+    let fp = Fingerprint::new(Kind::AllGather, T::DTYPE, c);
+    let mut ph = Phases::begin(inner, st, fp, buf.id << 32 | buf.id, 2)?;
+    for k in (0..n).filter(|k| *k != me) {
+        // SAFETY: segment k of rank k's buffer is its contribution, unchanged
+        // until the last phase; we write only our own buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                buf.peer_ptr(k, me).add(k * c),
+                buf.peer_ptr(me, me).add(k * c),
+                c,
+            )
+        };
+    }
+    ph.barrier(inner, st)
+}
+
+fn zero_copy_reduce_scatter<T: Element>(
+    inner: &Inner,
+    st: &mut State,
+    send: &SharedBuffer<T>,
+    dst: *mut T,
+    op: ReduceOp,
+) -> Result<()> {
+    let (me, n) = (inner.rank, inner.nranks);
+    let c = send.len / n;
+    let fp = Fingerprint::new(Kind::ReduceScatter, T::DTYPE, c).with_op(op);
+    let mut ph = Phases::begin(inner, st, fp, send.id << 32 | send.id, 2)?;
+    reduce_direct(st, send, me * c, c, dst, op, me, n);
+    ph.barrier(inner, st)
+}
+
+impl Communicator {
+    /// In-place broadcast of a registered buffer (zero-copy on one host).
+    pub fn broadcast_shared<T: Element>(
+        &self,
+        buf: &mut SharedBuffer<T>,
+        root: usize,
+    ) -> Result<()> {
+        if root >= self.nranks() {
+            return Err(Error::invalid(format!(
+                "root {root} is not a rank of this {}-rank communicator",
+                self.nranks()
+            )));
+        }
+        if !buf.zero_copy {
+            return self.broadcast_in_place(&mut buf[..], root);
+        }
+        self.check_shared(buf)?;
+        let b = buf as *const SharedBuffer<T>;
+        // SAFETY: `b` is `buf`, borrowed mutably for the whole call.
+        self.run(|inner, st| zero_copy_broadcast(inner, st, unsafe { &*b }, root))
+    }
+
+    /// In-place all-gather of a registered buffer: this rank's part is at
+    /// `buf[rank * len/nranks..]` (zero-copy on one host).
+    pub fn all_gather_shared<T: Element>(&self, buf: &mut SharedBuffer<T>) -> Result<()> {
+        if !buf.len.is_multiple_of(self.nranks()) {
+            return Err(Error::invalid(format!(
+                "all_gather: {} elements are not divisible by {} ranks",
+                buf.len,
+                self.nranks()
+            )));
+        }
+        if !buf.zero_copy {
+            return self.all_gather_in_place(&mut buf[..]);
+        }
+        self.check_shared(buf)?;
+        let b = buf as *const SharedBuffer<T>;
+        // SAFETY: `b` is `buf`, borrowed mutably for the whole call.
+        self.run(|inner, st| zero_copy_all_gather(inner, st, unsafe { &*b }))
+    }
+
+    /// Reduce-scatter from a registered buffer into plain memory (`recv`
+    /// gets this rank's `len/nranks` elements; `send` is left unchanged).
+    pub fn reduce_scatter_shared_from<T: Element>(
+        &self,
+        send: &SharedBuffer<T>,
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = self.nranks();
+        if send.len != recv.len() * n {
+            return Err(Error::invalid(format!(
+                "reduce_scatter: send must hold nranks x recv = {} elements, has {}",
+                recv.len() * n,
+                send.len
+            )));
+        }
+        if !send.zero_copy {
+            return self.reduce_scatter(&send[..], recv, op);
+        }
+        self.check_shared(send)?;
+        let dst = recv.as_mut_ptr();
+        self.run(|inner, st| zero_copy_reduce_scatter(inner, st, send, dst, op))
+    }
+
+    /// In-place reduce-scatter of a registered buffer: the result lands at
+    /// `buf[rank * len/nranks..]`, the rest is left as it was (zero-copy on
+    /// one host).
+    pub fn reduce_scatter_shared<T: Element>(
+        &self,
+        buf: &mut SharedBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = self.nranks();
+        if !buf.len.is_multiple_of(n) {
+            return Err(Error::invalid(format!(
+                "reduce_scatter: {} elements are not divisible by {n} ranks",
+                buf.len
+            )));
+        }
+        if !buf.zero_copy {
+            return self.reduce_scatter_in_place(&mut buf[..], op);
+        }
+        self.check_shared(buf)?;
+        let c = buf.len / n;
+        let dst = buf
+            .peer_ptr(self.rank(), self.rank())
+            .wrapping_add(self.rank() * c);
+        let b = buf as *const SharedBuffer<T>;
+        // SAFETY: `b` is `buf`, borrowed mutably for the whole call; `dst` is
+        // this rank's segment of it.
+        self.run(|inner, st| zero_copy_reduce_scatter(inner, st, unsafe { &*b }, dst, op))
+    }
 }
 
 #[cfg(test)]

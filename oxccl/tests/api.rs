@@ -403,6 +403,56 @@ mod registered {
         }
     }
 
+    fn check_others<T: TestElem>(c: &Communicator, counts: &[usize]) {
+        use oxccl::selftest::value;
+        let (r, n) = (c.rank(), c.nranks());
+        for &count in counts {
+            // broadcast from every root
+            for root in [0, n - 1] {
+                let mut b = c.alloc_shared::<T>(count).unwrap();
+                b.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
+                c.broadcast_shared(&mut b, root).unwrap();
+                for i in 0..count {
+                    assert!(
+                        T::same(b[i], T::from_i(value(ReduceOp::Sum, root, i))),
+                        "{} broadcast root {root} [{i}]",
+                        T::DTYPE
+                    );
+                }
+            }
+            // all_gather: this rank's part at rank * count
+            let mut b = c.alloc_shared::<T>(n * count).unwrap();
+            b[r * count..(r + 1) * count].copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
+            c.all_gather_shared(&mut b).unwrap();
+            for i in 0..n * count {
+                assert!(
+                    T::same(b[i], T::from_i(value(ReduceOp::Sum, i / count, i % count))),
+                    "{} all_gather [{i}]",
+                    T::DTYPE
+                );
+            }
+            // reduce_scatter for every op
+            for op in ReduceOp::ALL {
+                let full: Vec<T> = data(op, r, 0, n * count);
+                let mut b = c.alloc_shared::<T>(n * count).unwrap();
+                b.copy_from_slice(&full);
+                c.reduce_scatter_shared(&mut b, op).unwrap();
+                for i in 0..n * count {
+                    let want = if i / count.max(1) == r && count > 0 {
+                        expected(op, n, i)
+                    } else {
+                        full[i]
+                    };
+                    assert!(
+                        T::same(b[i], want),
+                        "{} reduce_scatter {op} [{i}]",
+                        T::DTYPE
+                    );
+                }
+            }
+        }
+    }
+
     fn all_types(c: &Communicator) {
         let n = c.nranks();
         let counts = [0, 1, 7, n - 1, n + 1, 200_003];
@@ -416,6 +466,13 @@ mod registered {
         check::<bf16>(c, &counts);
         check::<f32>(c, &counts);
         check::<f64>(c, &counts);
+        let small = [0, 1, 7, 50_001];
+        check_others::<i8>(c, &small);
+        check_others::<u32>(c, &small);
+        check_others::<bf16>(c, &small);
+        check_others::<f16>(c, &small);
+        check_others::<f32>(c, &small);
+        check_others::<i64>(c, &small);
     }
 
     #[test]
