@@ -107,8 +107,7 @@ USAGE: <collective>_perf
 
 /// Parse a size with an optional K/M/G suffix.
 pub fn parse_size(s: &str) -> Result<usize, String> {
-    oxccl::comm_config_bytes(s)
-        .ok_or_else(|| format!("invalid size {s:?} (use e.g. 8, 64K, 256M, 1G)"))
+    oxccl::parse_bytes(s).ok_or_else(|| format!("invalid size {s:?} (use e.g. 8, 64K, 256M, 1G)"))
 }
 
 fn parse_num<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {

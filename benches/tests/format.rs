@@ -219,31 +219,29 @@ fn bad_flags_exit_2_with_a_message() {
     assert!(err.contains("registered"));
 }
 
+/// Every dtype and op, 3 ranks, 8 B to 1 MiB, on registered buffers.
+const REGISTERED_SWEEP: &[&str] = &[
+    "--np",
+    "3",
+    "-b",
+    "8",
+    "-e",
+    "1M",
+    "-f",
+    "32",
+    "-n",
+    "2",
+    "-d",
+    "all",
+    "-o",
+    "all",
+    "--registered",
+];
+
 #[test]
 fn registered_gather_broadcast_and_reduce_scatter_check_exactly() {
     for c in [Coll::AllGather, Coll::Broadcast, Coll::ReduceScatter] {
-        let (code, out, err) = run(
-            c,
-            &[
-                "--np",
-                "3",
-                "-b",
-                "8",
-                "-e",
-                "1M",
-                "-f",
-                "32",
-                "-n",
-                "2",
-                "-d",
-                "all",
-                "-o",
-                "all",
-                "-r",
-                "2",
-                "--registered",
-            ],
-        );
+        let (code, out, err) = run(c, &[REGISTERED_SWEEP, &["-r", "2"]].concat());
         assert_eq!(code, 0, "{}: {err}", c.program());
         let p = parse(&out).unwrap();
         assert!(!p.rows.is_empty());
@@ -258,26 +256,7 @@ fn registered_gather_broadcast_and_reduce_scatter_check_exactly() {
 
 #[test]
 fn registered_all_reduce_checks_exactly_and_can_fail() {
-    let (code, out, err) = run(
-        Coll::AllReduce,
-        &[
-            "--np",
-            "3",
-            "-b",
-            "8",
-            "-e",
-            "1M",
-            "-f",
-            "32",
-            "-n",
-            "2",
-            "-d",
-            "all",
-            "-o",
-            "all",
-            "--registered",
-        ],
-    );
+    let (code, out, err) = run(Coll::AllReduce, REGISTERED_SWEEP);
     assert_eq!(code, 0, "{err}");
     let p = parse(&out).unwrap();
     assert_eq!(p.rows.len(), 10 * 5 * 4);

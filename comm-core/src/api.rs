@@ -111,27 +111,25 @@ impl Communicator {
             )));
         }
         let len_err = |m: String| Err(Error::invalid(format!("{}: {m}", kind.name())));
+        let same = |s: usize| match s == recv {
+            true => Ok(recv),
+            false => len_err(format!(
+                "send has {s} elements, recv {recv}; they must match"
+            )),
+        };
+        let per_rank = |len: usize| match len.is_multiple_of(n) {
+            true => Ok(len / n),
+            false => len_err(format!("{len} elements are not divisible by {n} ranks")),
+        };
         match kind {
-            Kind::AllReduce | Kind::Barrier => {
-                if let Some(s) = send {
-                    if s != recv {
-                        return len_err(format!(
-                            "send has {s} elements, recv {recv}; they must match"
-                        ));
-                    }
-                }
-                Ok(recv)
-            }
+            Kind::AllReduce | Kind::Barrier => send.map_or(Ok(recv), same),
             Kind::AllGather => match send {
                 Some(s) if s * n != recv => len_err(format!(
                     "recv must hold nranks x send = {} elements, has {recv}",
                     s * n
                 )),
                 Some(s) => Ok(s),
-                None if !recv.is_multiple_of(n) => len_err(format!(
-                    "in-place buffer of {recv} elements is not divisible by {n} ranks"
-                )),
-                None => Ok(recv / n),
+                None => per_rank(recv),
             },
             Kind::ReduceScatter => match send {
                 Some(s) if s != recv * n => len_err(format!(
@@ -139,24 +137,9 @@ impl Communicator {
                     recv * n
                 )),
                 Some(_) => Ok(recv),
-                None if !recv.is_multiple_of(n) => len_err(format!(
-                    "in-place buffer of {recv} elements is not divisible by {n} ranks"
-                )),
-                None => Ok(recv / n),
+                None => per_rank(recv),
             },
-            Kind::AllToAll => {
-                if let Some(s) = send {
-                    if s != recv {
-                        return len_err(format!(
-                            "send has {s} elements, recv {recv}; they must match"
-                        ));
-                    }
-                }
-                if !recv.is_multiple_of(n) {
-                    return len_err(format!("{recv} elements are not divisible by {n} ranks"));
-                }
-                Ok(recv / n)
-            }
+            Kind::AllToAll => send.map_or(Ok(recv), same).and_then(per_rank),
             Kind::Broadcast => match send {
                 Some(s) if me == root && s != recv => len_err(format!(
                     "at the root, send has {s} elements and recv {recv}; they must match"

@@ -72,6 +72,8 @@ pub enum Error {
     Protocol(String),
     /// Configuration (environment or [`crate::Config`]) is invalid.
     Config(String),
+    /// A local system resource could not be obtained (memory, mappings).
+    System(String),
 }
 
 impl Error {
@@ -119,6 +121,10 @@ impl fmt::Display for Error {
             Error::Transport { peer, detail } => write!(f, "transport to rank {peer} failed: {detail}"),
             Error::Protocol(m) => write!(f, "protocol violation: {m}"),
             Error::Config(m) => write!(f, "configuration error: {m}"),
+            Error::System(m) => write!(
+                f,
+                "system resource failure: {m}; check memory limits (ulimit -v, cgroup memory, vm.max_map_count)"
+            ),
         }
     }
 }

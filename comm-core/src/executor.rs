@@ -68,7 +68,6 @@ pub struct Net {
     staging: Vec<Vec<u64>>,
     scratch: Vec<u64>,
     pollfds: Vec<libc::pollfd>,
-    pollmap: Vec<usize>,
     work: Work,
 }
 
@@ -95,7 +94,6 @@ impl Net {
             staging: (0..n * MAX_STREAMS).map(|_| Vec::new()).collect(),
             scratch: Vec::new(),
             pollfds: Vec::new(),
-            pollmap: Vec::new(),
             work: Work::default(),
         }
     }
@@ -198,7 +196,6 @@ impl CallCtx<'_> {
         let (seq, fp) = self.seq_fp(step);
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(MAGIC);
-        h[4] = u8::from(fp.kind == Kind::P2p);
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..20].copy_from_slice(&msg.to_le_bytes());
         h[24..32].copy_from_slice(&(len as u64).to_le_bytes());
@@ -217,7 +214,6 @@ impl CallCtx<'_> {
     ) -> Result<()> {
         let (my_seq, my_fp) = self.seq_fp(step);
         let Some(WireHeader {
-            p2p,
             seq,
             msg: their_msg,
             len: their_len,
@@ -236,7 +232,7 @@ impl CallCtx<'_> {
                 self.during
             )));
         };
-        if seq != my_seq || !fp.agrees_with(&my_fp) || p2p != (my_fp.kind == Kind::P2p) {
+        if seq != my_seq || !fp.agrees_with(&my_fp) {
             return Err(Error::Mismatch {
                 local: mine,
                 peer,
@@ -256,7 +252,6 @@ impl CallCtx<'_> {
 /// A message header as read from the wire (see [`HEADER_LEN`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WireHeader {
-    pub p2p: bool,
     pub seq: u64,
     pub msg: u32,
     pub len: u64,
@@ -271,7 +266,6 @@ impl WireHeader {
             return None;
         }
         Some(WireHeader {
-            p2p: h[4] == 1,
             seq: u64::from_le_bytes(h[8..16].try_into().unwrap()),
             msg: u32::from_le_bytes(h[16..20].try_into().unwrap()),
             len: u64::from_le_bytes(h[24..32].try_into().unwrap()),
@@ -738,49 +732,34 @@ fn wait(
             .iter()
             .all(|d| done[*d as usize])
     };
+    // What each channel waits for now: (read, write).
+    let wants = |c: &Chan| {
+        (
+            c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]),
+            c.s_head < c.sends.len() && ready(c.sends[c.s_head]),
+        )
+    };
     // Let transports that wake pollers themselves ask for a wake-up first.
     let mut became_ready = false;
     for c in chans {
-        let want_write = c.s_head < c.sends.len() && ready(c.sends[c.s_head]);
-        let want_read = c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]);
-        if want_read || want_write {
-            became_ready |= net.links[c.peer]
-                .as_mut()
-                .unwrap()
-                .arm(c.stream, want_read, want_write);
+        let (r, w) = wants(c);
+        if r || w {
+            became_ready |= net.links[c.peer].as_mut().unwrap().arm(c.stream, r, w);
         }
     }
     if became_ready {
         return Ok(());
     }
     net.pollfds.clear();
-    net.pollmap.clear();
-    let mut waiting_for = Vec::new();
-    for (ci, c) in chans.iter().enumerate() {
-        let link = net.links[c.peer].as_ref().unwrap();
-        let want_write = c.s_head < c.sends.len() && ready(c.sends[c.s_head]);
-        let want_read = c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]);
-        if want_write {
-            waiting_for.push(format!(
-                "rank {} to take data (stream {})",
-                c.peer, c.stream
-            ));
-        }
-        if want_read {
-            waiting_for.push(format!("data from rank {} (stream {})", c.peer, c.stream));
-        }
-        let events = if want_read || want_write {
-            link.poll_events(c.stream, want_read, want_write)
-        } else {
-            0
-        };
-        if events != 0 {
+    for c in chans {
+        let (r, w) = wants(c);
+        if r || w {
+            let link = net.links[c.peer].as_ref().unwrap();
             net.pollfds.push(libc::pollfd {
                 fd: link.fd(c.stream),
-                events,
+                events: link.poll_events(c.stream, r, w),
                 revents: 0,
             });
-            net.pollmap.push(ci);
         }
     }
     if net.pollfds.is_empty() {
@@ -805,12 +784,23 @@ fn wait(
         }
         let left = cx.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
+            // Described only now: waits are frequent, timeouts are not.
+            let mut waiting_for = Vec::new();
+            for c in chans {
+                let (r, w) = wants(c);
+                if w {
+                    waiting_for.push(format!(
+                        "rank {} to take data (stream {})",
+                        c.peer, c.stream
+                    ));
+                }
+                if r {
+                    waiting_for.push(format!("data from rank {} (stream {})", c.peer, c.stream));
+                }
+            }
             let waits_on = chans
                 .iter()
-                .find(|c| {
-                    (c.r_head < c.recvs.len() && ready(c.recvs[c.r_head]))
-                        || (c.s_head < c.sends.len() && ready(c.sends[c.s_head]))
-                })
+                .find(|c| wants(c) != (false, false))
                 .map(|c| c.peer);
             let (during, own) = (cx.during.to_string(), describe_call(&cx.fp, cx.seq));
             return Err(stall_error(

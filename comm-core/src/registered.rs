@@ -36,18 +36,25 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-fn map(fd: &OwnedFd, len: usize) -> Result<Map> {
-    Map::new(fd, len).map_err(|e| Error::Transport {
-        peer: usize::MAX,
-        detail: format!("mmap of a shared buffer: {e}"),
+/// Map a buffer: our own (`owner` None) or rank `owner`'s.
+fn map(fd: &OwnedFd, len: usize, owner: Option<usize>) -> Result<Map> {
+    Map::new(fd, len).map_err(|e| match owner {
+        Some(peer) => Error::Transport {
+            peer,
+            detail: format!("mapping its shared buffer: {e}"),
+        },
+        None => Error::System(format!("mmap of a {len}-byte shared buffer: {e}")),
     })
 }
 
 fn memfd(len: usize) -> Result<OwnedFd> {
-    shmem::memfd(c"oxccl-registered", len).map_err(|e| Error::Transport {
-        peer: usize::MAX,
-        detail: format!("memfd: {e}"),
-    })
+    shmem::memfd(c"oxccl-registered", len)
+        .map_err(|e| Error::System(format!("memfd of {len} bytes: {e}")))
+}
+
+/// Whether a phase counter at `v` has reached `target`, across wraparound.
+fn reached(v: u32, target: u32) -> bool {
+    v.wrapping_sub(target) as i32 >= 0
 }
 
 /// Open another process's fd through /proc (same user).
@@ -170,7 +177,7 @@ impl Communicator {
             .max(1)
             .next_multiple_of(PAGE);
         let fd = memfd(bytes)?;
-        let own = map(&fd, bytes)?;
+        let own = map(&fd, bytes, None)?;
         let my_host = self.peers()[me].host_id;
         let zero_copy = n > 1 && self.peers().iter().all(|p| p.host_id == my_host);
         let comm_id = self.id();
@@ -214,14 +221,14 @@ impl Communicator {
         for k in (0..n).filter(|k| *k != me) {
             let pid = all[4 * k] as u32;
             let f = open_peer_fd(pid, all[4 * k + 1] as i32, k)?;
-            buf.peers[k] = Some(map(&f, bytes)?);
+            buf.peers[k] = Some(map(&f, bytes, Some(k))?);
             if need_flags {
                 let ff = open_peer_fd(pid, all[4 * k + 2] as i32, k)?;
-                flag_peers[k] = Some(map(&ff, PAGE)?);
+                flag_peers[k] = Some(map(&ff, PAGE, Some(k))?);
             }
         }
         if let Some(ffd) = flag_fd {
-            let own = map(&ffd, PAGE)?;
+            let own = map(&ffd, PAGE, None)?;
             let pids = (0..n).map(|k| all[4 * k] as u32).collect();
             self.run(move |_, st| {
                 st.flags = Some(Flags {
@@ -304,7 +311,7 @@ fn wait_all(
             let flags = st.flags.as_ref().unwrap();
             let word = flags.phase(k, me);
             let v = word.load(Ordering::Acquire);
-            if v.wrapping_sub(target) as i32 >= 0 {
+            if reached(v, target) {
                 verify(flags, k)?;
                 break;
             }
@@ -737,9 +744,10 @@ impl Communicator {
 
 #[cfg(test)]
 mod tests {
+    use super::reached;
+
     #[test]
     fn phase_comparison_survives_wraparound() {
-        let reached = |v: u32, target: u32| v.wrapping_sub(target) as i32 >= 0;
         assert!(reached(5, 5));
         assert!(!reached(4, 5));
         assert!(reached(2, u32::MAX - 1));

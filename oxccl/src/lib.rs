@@ -142,14 +142,7 @@ pub fn init_logging() {
 
 /// Parse a byte size with an optional K/M/G suffix (`64M`), as every
 /// oxccl tool accepts it.
-pub fn comm_config_bytes(s: &str) -> Option<usize> {
-    comm_core::config::parse_bytes(s)
-}
-
-/// A fresh random job secret (for tools that host a root themselves).
-pub fn comm_core_secret() -> comm_core::handshake::Secret {
-    comm_core::handshake::Secret::random().expect("OS randomness")
-}
+pub use comm_core::config::parse_bytes;
 
 pub use comm_core::with_dtype;
 

@@ -39,7 +39,7 @@ fn error_kind(e: &oxccl::Error) -> &'static str {
 }
 
 fn bytes_arg(a: Option<&String>, default: usize) -> usize {
-    a.map(|s| oxccl::comm_config_bytes(s).unwrap_or_else(|| fail(format!("bad size {s:?}"))))
+    a.map(|s| oxccl::parse_bytes(s).unwrap_or_else(|| fail(format!("bad size {s:?}"))))
         .unwrap_or(default)
 }
 

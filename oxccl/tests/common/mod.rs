@@ -69,7 +69,7 @@ pub fn spawn_selftest(
 ) -> Vec<std::process::Child> {
     let id = UniqueId::serve(
         "127.0.0.1:0".parse().unwrap(),
-        oxccl::comm_core_secret(),
+        oxccl::transport_handshake::Secret::random().unwrap(),
         Duration::from_secs(60),
     )
     .unwrap();
