@@ -60,6 +60,18 @@ fn check_bytes(what: &str, b: &[u8], dtype: DataType) -> Result<usize> {
     Ok(b.len() / es)
 }
 
+fn run_barrier(inner: &Inner, st: &mut State) -> Result<()> {
+    let c = Coll {
+        kind: Kind::Barrier,
+        dtype: DataType::U8,
+        op: ReduceOp::Sum,
+        root: 0,
+        count: 0,
+        in_place: true,
+    };
+    run_coll(inner, st, &c, None, BufSpec::EMPTY)
+}
+
 fn run_coll(
     inner: &Inner,
     st: &mut State,
@@ -348,26 +360,7 @@ impl Communicator {
     }
     /// Wait until every rank has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
-        let c = Coll {
-            kind: Kind::Barrier,
-            dtype: DataType::U8,
-            op: ReduceOp::Sum,
-            root: 0,
-            count: 0,
-            in_place: true,
-        };
-        self.run(|inner, st| {
-            run_coll(
-                inner,
-                st,
-                &c,
-                None,
-                BufSpec {
-                    ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                    bytes: 0,
-                },
-            )
-        })
+        self.run(run_barrier)
     }
 
     // ------------------------------------------------- point-to-point --
@@ -413,13 +406,7 @@ impl Communicator {
     /// matched in order and copied.
     pub fn group<T: Element>(&self, ops: Vec<P2p<'_, T>>) -> Result<()> {
         let n = self.nranks();
-        let mut specs: Vec<BufSpec> = vec![
-            BufSpec {
-                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                bytes: 0
-            };
-            2
-        ];
+        let mut specs: Vec<BufSpec> = vec![BufSpec::EMPTY; 2];
         let mut steps = Vec::new();
         let mut self_sends: Vec<&[T]> = Vec::new();
         let mut self_recvs: Vec<*mut [T]> = Vec::new();
@@ -569,26 +556,7 @@ impl Communicator {
     }
     /// Async barrier.
     pub fn barrier_async(&self) -> Work<()> {
-        let c = Coll {
-            kind: Kind::Barrier,
-            dtype: DataType::U8,
-            op: ReduceOp::Sum,
-            root: 0,
-            count: 0,
-            in_place: true,
-        };
-        self.submit(move |inner, st| {
-            run_coll(
-                inner,
-                st,
-                &c,
-                None,
-                BufSpec {
-                    ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                    bytes: 0,
-                },
-            )
-        })
+        self.submit(run_barrier)
     }
     /// Async send of an owned buffer (returned when sent).
     pub fn send_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
@@ -619,10 +587,7 @@ impl Communicator {
             };
             let sched = schedule::p2p(&[step], inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &[step], &sched, dtype);
-            let dummy = BufSpec {
-                ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-                bytes: 0,
-            };
+            let dummy = BufSpec::EMPTY;
             inner.execute(
                 st,
                 Fingerprint::new(Kind::P2p, dtype, 0),

@@ -47,6 +47,12 @@ pub struct BufSpec {
 }
 
 impl BufSpec {
+    /// No memory (barriers, unused buffer slots): a dangling, aligned
+    /// pointer to zero bytes.
+    pub const EMPTY: BufSpec = BufSpec {
+        ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+        bytes: 0,
+    };
     pub fn read_only(s: &[u8]) -> BufSpec {
         BufSpec {
             ptr: s.as_ptr() as *mut u8,
