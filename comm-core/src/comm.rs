@@ -55,6 +55,9 @@ pub(crate) struct Inner {
     abort_fd: OwnedFd,
     pub(crate) worker: Worker,
     _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
+    /// The endpoints' memory registries (zero-copy sends from
+    /// `SharedBuffer`s on transports that have one: RDMA).
+    pub(crate) registries: Vec<Arc<dyn crate::transport::Registry>>,
 }
 
 pub(crate) struct State {
@@ -261,6 +264,7 @@ impl Communicator {
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
                 worker: Worker::default(),
+                registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
                 _endpoints: Mutex::new(endpoints),
             }),
         })

@@ -99,6 +99,37 @@ pub struct Hello {
 }
 
 impl Hello {
+    /// Check a data-link hello at the accepting rank of `ctx`: right
+    /// purpose, this communicator, addressed to this rank, from a higher
+    /// rank in range (the higher rank always connects).
+    pub fn check_link(&self, purpose: Purpose, ctx: &crate::transport::SetupCtx) -> Result<()> {
+        if self.purpose != purpose {
+            return Err(Error::Handshake(format!(
+                "{:?} connection sent to a {purpose:?} port",
+                self.purpose
+            )));
+        }
+        if self.comm_id != ctx.comm_id {
+            return Err(Error::Handshake(format!(
+                "communicator {:#x} is not this one ({:#x})",
+                self.comm_id, ctx.comm_id
+            )));
+        }
+        if self.to as usize != ctx.rank || self.nranks as usize != ctx.nranks {
+            return Err(Error::Handshake(format!(
+                "addressed to rank {} of {}, this is rank {} of {}",
+                self.to, self.nranks, ctx.rank, ctx.nranks
+            )));
+        }
+        if self.from as usize >= ctx.nranks || self.from as usize <= ctx.rank {
+            return Err(Error::Handshake(format!(
+                "rank {} may not connect to rank {}",
+                self.from, ctx.rank
+            )));
+        }
+        Ok(())
+    }
+
     /// A hello with a fresh nonce.
     pub fn new(
         purpose: Purpose,

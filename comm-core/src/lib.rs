@@ -35,6 +35,8 @@ pub use error::{Error, Result};
 pub use id::UniqueId;
 pub use kernels::{bf16, f16};
 pub use registered::SharedBuffer;
-pub use transport::{Endpoint, Link, PeerInfo, SetupCtx, Transport, Transports};
+pub use transport::{
+    Endpoint, Link, PeerInfo, Registration, Registry, SetupCtx, Transport, Transports,
+};
 pub use types::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};
 pub use work::Work;

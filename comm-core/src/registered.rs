@@ -113,6 +113,9 @@ impl Flags {
 
 /// A buffer of `T` in memory every rank of this host maps (see module docs).
 pub struct SharedBuffer<T: Element> {
+    /// Registrations with transports that send straight from memory (RDMA);
+    /// dropped, and so unregistered, before the memory is unmapped.
+    _registered: Vec<crate::transport::Registration>,
     own: Map,
     _fd: OwnedFd,
     len: usize,
@@ -185,7 +188,14 @@ impl Communicator {
             st.shared_allocs += 1;
             Ok(st.shared_allocs)
         })?;
+        let _registered = self
+            .inner
+            .registries
+            .iter()
+            .map(|r| crate::transport::Registration::new(r.clone(), own.ptr() as usize, bytes))
+            .collect::<Result<Vec<_>>>()?;
         let mut buf = SharedBuffer {
+            _registered,
             own,
             _fd: fd,
             len,

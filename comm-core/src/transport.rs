@@ -52,6 +52,49 @@ pub trait Endpoint: Send {
         peers: &[(usize, Vec<u8>)],
         deadline: Instant,
     ) -> Result<Vec<(usize, Box<dyn Link>)>>;
+    /// The endpoint's memory registry, when its links can send straight
+    /// from registered memory (RDMA). Default: none.
+    fn registry(&self) -> Option<Arc<dyn Registry>> {
+        None
+    }
+}
+
+/// Memory a transport may read directly (zero-copy) while it stays
+/// registered. Registering the same range twice needs two unregisters.
+/// `comm-core` registers the memory of [`crate::SharedBuffer`]s (it knows
+/// their lifetime) and unregisters it when the buffer is dropped.
+pub trait Registry: Send + Sync {
+    /// Make `len` bytes at `addr` usable for zero-copy transfers. The
+    /// memory is host memory today; device memory (GPUDirect) would add a
+    /// kind argument here.
+    fn register(&self, addr: usize, len: usize) -> Result<()>;
+    /// Undo one [`Registry::register`] of exactly this range.
+    fn unregister(&self, addr: usize, len: usize);
+}
+
+/// A registered range, unregistered on drop.
+pub struct Registration {
+    registry: Arc<dyn Registry>,
+    addr: usize,
+    len: usize,
+}
+
+impl Registration {
+    /// Register `len` bytes at `addr` with `registry`.
+    pub fn new(registry: Arc<dyn Registry>, addr: usize, len: usize) -> Result<Registration> {
+        registry.register(addr, len)?;
+        Ok(Registration {
+            registry,
+            addr,
+            len,
+        })
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.registry.unregister(self.addr, self.len);
+    }
 }
 
 /// Ordered, full-duplex, non-blocking byte streams to one peer.

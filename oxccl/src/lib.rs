@@ -51,25 +51,39 @@ pub mod prelude {
 const TCP: usize = 0;
 /// Index of shared memory in that set.
 const SHM: usize = 1;
+/// Index of RDMA in that set, when this host has a device.
+const RDMA: usize = 2;
 
 /// The transport set for a configuration and the per-peer rule: a peer on
 /// the same host (same host identity: host name, boot id and network
-/// namespace) gets shared memory, any other TCP. `OXCCL_TRANSPORT=tcp`
-/// forces TCP everywhere; `shm` forces shared memory (an error for a peer
-/// on another host).
+/// namespace) gets shared memory; a peer on another host gets RDMA when
+/// this build has the `rdma` feature and the host an RDMA device, TCP
+/// otherwise. `OXCCL_TRANSPORT=tcp|shm|rdma` forces one for every peer
+/// (`shm` is an error for a peer on another host; `rdma` without a device
+/// is an error saying so).
 pub fn transports(config: &Config) -> Result<Transports> {
     let forced = match config.transport.as_deref() {
         None => None,
         Some("tcp") => Some(TCP),
         Some("shm") => Some(SHM),
+        Some("rdma") => Some(RDMA),
         Some(other) => {
             return Err(Error::Config(format!(
-                "OXCCL_TRANSPORT={other:?}: this build has the transports tcp and shm (or auto)"
+                "OXCCL_TRANSPORT={other:?}: the transports are tcp, shm and rdma (or auto)"
             )))
         }
     };
+    let mut list: Vec<Arc<dyn comm_core::transport::Transport>> =
+        vec![Arc::new(TcpTransport), Arc::new(ShmTransport)];
+    let has_rdma = match rdma_transport(forced == Some(RDMA))? {
+        Some(t) => {
+            list.push(t);
+            true
+        }
+        None => false,
+    };
     Ok(Transports {
-        list: vec![Arc::new(TcpTransport), Arc::new(ShmTransport)],
+        list,
         choose: Arc::new(move |_cfg, me, peer| match forced {
             Some(SHM) if peer.host_id != me.host_id => Err(Error::Config(format!(
                 "OXCCL_TRANSPORT=shm, but rank {} runs on host {} and rank {} on host {}",
@@ -77,9 +91,46 @@ pub fn transports(config: &Config) -> Result<Transports> {
             ))),
             Some(t) => Ok(t),
             None if peer.host_id == me.host_id => Ok(SHM),
+            None if has_rdma => Ok(RDMA),
             None => Ok(TCP),
         }),
     })
+}
+
+/// The RDMA transport when this host has a device. Without one, automatic
+/// selection falls back to TCP (one info line per process); a forced
+/// `rdma` is an error that says what is missing.
+#[cfg(feature = "rdma")]
+fn rdma_transport(forced: bool) -> Result<Option<Arc<dyn comm_core::transport::Transport>>> {
+    match transport_rdma::probe()? {
+        Some(t) => {
+            tracing::info!("RDMA device {} for peers on other hosts", t.device());
+            Ok(Some(Arc::new(t)))
+        }
+        None if forced => Err(Error::Config(
+            "OXCCL_TRANSPORT=rdma, but no RDMA device was found on this host (none listed by \
+             ibv_get_device_list, or none with an active port passes OXCCL_IB_HCA); \
+             OXCCL_IB_HCA selects a device, e.g. OXCCL_IB_HCA=mlx5_0:1"
+                .into(),
+        )),
+        None => {
+            static ONCE: Once = Once::new();
+            ONCE.call_once(|| tracing::info!("no RDMA device found; peers on other hosts use TCP"));
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(not(feature = "rdma"))]
+fn rdma_transport(forced: bool) -> Result<Option<Arc<dyn comm_core::transport::Transport>>> {
+    if forced {
+        return Err(Error::Config(
+            "OXCCL_TRANSPORT=rdma, but this build has no RDMA support (build oxccl with \
+             `--features rdma`, which needs libibverbs)"
+                .into(),
+        ));
+    }
+    Ok(None)
 }
 
 /// Constructors that wire concrete transports into `comm-core`'s
@@ -129,7 +180,7 @@ pub fn init_logging() {
             .unwrap_or_else(|_| "warn".into())
             .to_lowercase();
         let filter = tracing_subscriber::EnvFilter::try_new(format!(
-            "warn,comm_core={level},transport_tcp={level},oxccl={level}"
+            "warn,comm_core={level},transport_tcp={level},transport_shm={level},transport_rdma={level},oxccl={level}"
         ))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         let _ = tracing_subscriber::fmt()

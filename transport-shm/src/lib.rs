@@ -117,22 +117,7 @@ fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
     s.set_read_timeout(Some(DOOR_TIMEOUT)).ok();
     s.set_write_timeout(Some(DOOR_TIMEOUT)).ok();
     let hello = handshake::server(&mut s, &ctx.secret, |h: &Hello| {
-        if h.purpose != Purpose::Shm
-            || h.comm_id != ctx.comm_id
-            || h.to as usize != ctx.rank
-            || h.nranks as usize != ctx.nranks
-        {
-            return Err(Error::Handshake(
-                "not a shared-memory connection for this rank of this communicator".into(),
-            ));
-        }
-        if h.from as usize >= ctx.nranks || h.from as usize <= ctx.rank {
-            return Err(Error::Handshake(format!(
-                "rank {} may not connect to rank {}",
-                h.from, ctx.rank
-            )));
-        }
-        Ok(())
+        h.check_link(Purpose::Shm, ctx)
     })?;
     let mut buf = [0u8; 8];
     let (n, fds) = sys::recv_fds(&s, &mut buf, 5)
@@ -315,7 +300,11 @@ impl ShmLink {
             (r1, r0, e1d, e1s, e0d, e0s)
         };
         sock.set_nonblocking(true)?;
-        let epoll = sys::epoll(&[sock.as_raw_fd(), in_data.as_raw_fd(), out_space.as_raw_fd()])?;
+        let epoll = comm_core::net::epoll_of(&[
+            sock.as_raw_fd(),
+            in_data.as_raw_fd(),
+            out_space.as_raw_fd(),
+        ])?;
         Ok(ShmLink {
             out,
             inp,
@@ -380,7 +369,7 @@ impl Link for ShmLink {
             sys::drain(self.out_space.as_raw_fd());
             ready |= self.out.writer_sleep();
         }
-        if !ready && sys::hung_up(&self.sock) {
+        if !ready && comm_core::net::hung_up(self.sock.as_raw_fd()) {
             self.peer_gone = true;
             ready = true;
         }

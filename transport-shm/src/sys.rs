@@ -42,35 +42,6 @@ pub fn drain(fd: RawFd) {
     unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
 }
 
-/// An epoll instance watching `fds` for input or hang-up.
-pub fn epoll(fds: &[RawFd]) -> Result<OwnedFd> {
-    // SAFETY: plain syscall; the fd is owned below.
-    let ep = cvt(unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })?;
-    // SAFETY: fresh fd.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    for &fd in fds {
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: registering a valid fd with a valid event struct.
-        cvt(unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) })?;
-    }
-    Ok(ep)
-}
-
-/// Whether the peer end of `s` has hung up (non-blocking check).
-pub fn hung_up(s: &UnixStream) -> bool {
-    let mut p = libc::pollfd {
-        fd: s.as_raw_fd(),
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
-}
-
 /// "pid P (uid U)" of the process at the other end of `s` (SO_PEERCRED).
 pub fn peer_process(s: &UnixStream) -> String {
     let mut cred = libc::ucred {

@@ -104,30 +104,7 @@ fn admit(
     let _ = s.set_read_timeout(Some(DOOR_TIMEOUT));
     let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
     let r = handshake::server(&mut s, &ctx.secret, |h: &Hello| {
-        if h.purpose != Purpose::Tcp {
-            return Err(Error::Handshake(format!(
-                "{:?} connection sent to a TCP data port",
-                h.purpose
-            )));
-        }
-        if h.comm_id != ctx.comm_id {
-            return Err(Error::Handshake(format!(
-                "communicator {:#x} is not this one ({:#x})",
-                h.comm_id, ctx.comm_id
-            )));
-        }
-        if h.to as usize != ctx.rank || h.nranks as usize != ctx.nranks {
-            return Err(Error::Handshake(format!(
-                "addressed to rank {} of {}, this is rank {} of {}",
-                h.to, h.nranks, ctx.rank, ctx.nranks
-            )));
-        }
-        if h.from as usize >= ctx.nranks || h.from as usize <= ctx.rank {
-            return Err(Error::Handshake(format!(
-                "rank {} may not connect to rank {}",
-                h.from, ctx.rank
-            )));
-        }
+        h.check_link(Purpose::Tcp, ctx)?;
         if h.stream as usize >= ctx.config.nsocks {
             return Err(Error::Handshake(format!(
                 "stream {} out of range",
