@@ -197,6 +197,7 @@ impl Communicator {
             bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
         let mut links: Vec<Option<Box<dyn crate::transport::Link>>> =
             (0..nranks).map(|_| None).collect();
+        let mut per_transport = Vec::new();
         for (t, ep) in endpoints.iter_mut().enumerate() {
             let mut mine = Vec::new();
             for p in peers.iter().filter(|p| p.rank != rank) {
@@ -210,6 +211,9 @@ impl Communicator {
                     })?;
                     mine.push((p.rank, addr));
                 }
+            }
+            if !mine.is_empty() {
+                per_transport.push(format!("{}:{}", transports.list[t].name(), mine.len()));
             }
             // Called even with no peers: the endpoint learns setup is over
             // (and from then on rejects every connection).
@@ -231,6 +235,7 @@ impl Communicator {
             rank,
             nranks,
             comm = format!("{:#x}", id.comm_id()),
+            links = per_transport.join(" "),
             "oxccl communicator ready"
         );
         Ok(Communicator {

@@ -164,18 +164,18 @@ impl CallCtx<'_> {
         ))
     }
 
-    /// A peer's connection broke: wait briefly for the control plane to say
-    /// whether someone else's failure caused it; otherwise blame the peer.
-    fn lost(&mut self, peer: usize, detail: String) -> Error {
+    /// Wait briefly for the control plane to explain a broken link (another
+    /// rank's failure or death, announced by the root).
+    fn explained(&mut self) -> Option<Error> {
         let until = (Instant::now() + EXPLAIN_GRACE).min(self.deadline);
         loop {
             match self.control.poll() {
-                Some(ControlEvent::Notice(n)) => return self.notice_error(n),
+                Some(ControlEvent::Notice(n)) => return Some(self.notice_error(n)),
                 Some(ControlEvent::RootGone) | None => {}
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break;
+                return None;
             }
             poll_one(
                 self.control.fd(),
@@ -183,12 +183,33 @@ impl CallCtx<'_> {
                 left.as_millis().clamp(1, 100) as i32,
             );
         }
-        Error::PeerLost {
+    }
+
+    /// A peer's connection broke: unless the control plane explains it,
+    /// blame the peer.
+    fn lost(&mut self, peer: usize, detail: String) -> Error {
+        self.explained().unwrap_or_else(|| Error::PeerLost {
             rank: peer,
             host: self.host(peer),
             during: self.during.to_string(),
             detail,
+        })
+    }
+
+    /// A link call failed. `InvalidData` is the transport's verdict that the
+    /// link broke in a precise way (an RDMA work completion in error, a
+    /// flow-control violation): a transport error naming the peer, unless
+    /// the control plane says the peer died (a dying process can make its
+    /// peers' transfers fail in such ways too). Any other error means the
+    /// connection is gone: the peer is lost.
+    fn link_failed(&mut self, peer: usize, what: &str, e: std::io::Error) -> Error {
+        if e.kind() == ErrorKind::InvalidData {
+            return self.explained().unwrap_or_else(|| Error::Transport {
+                peer,
+                detail: format!("{what} during {}: {e}", self.during),
+            });
         }
+        self.lost(peer, format!("{what} failed: {e}"))
     }
 
     fn seq_fp(&self, step: u32) -> (u64, Fingerprint) {
@@ -579,7 +600,7 @@ fn execute_with(
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => {
                         let peer = ch.peer;
-                        return Err(cx.lost(peer, format!("sending to it failed: {e}")));
+                        return Err(cx.link_failed(peer, "sending to it", e));
                     }
                 }
             }
@@ -660,7 +681,7 @@ fn execute_with(
                     Err(e) if e.kind() == ErrorKind::Interrupted => {}
                     Err(e) => {
                         let peer = ch.peer;
-                        return Err(cx.lost(peer, format!("receiving from it failed: {e}")));
+                        return Err(cx.link_failed(peer, "receiving from it", e));
                     }
                 }
             }

@@ -10,33 +10,8 @@
 //! - `OXCCL_IB_TIMEOUT` (ACK timeout exponent, 4.096 µs × 2^t, default 18 ≈
 //!   1 s), `OXCCL_IB_RETRY_CNT` (default 7), `OXCCL_IB_TC` (traffic class).
 
-use crate::verbs::{self, Context, QpSettings};
-use comm_core::{Error, Result};
-use ibverbs_sys as ffi;
-
-/// A usable port of an opened device.
-pub struct Choice {
-    pub ctx: Context,
-    pub settings: QpSettings,
-    pub lid: u16,
-    pub gid: [u8; 16],
-}
-
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
-}
-
-fn env_num(name: &str, default: u32, max: u32) -> Result<u32> {
-    match env(name) {
-        None => Ok(default),
-        Some(v) => v
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|n| *n <= max)
-            .ok_or_else(|| Error::Config(format!("{name}={v:?} must be a number from 0 to {max}"))),
-    }
-}
+#[cfg(feature = "verbs")]
+pub use with_verbs::{choose, Choice};
 
 /// `OXCCL_IB_HCA` parsed: (exclude?, [(name spec, port)]).
 pub fn parse_hca(spec: &str) -> (bool, Vec<(String, Option<u8>)>) {
@@ -81,94 +56,128 @@ pub fn gid_rank(gid: &[u8; 16], kind: &str) -> Option<u8> {
     }
 }
 
-fn gid_kind(dev: &str, port: u8, index: u32) -> String {
-    std::fs::read_to_string(format!(
-        "/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}"
-    ))
-    .unwrap_or_default()
-}
+#[cfg(feature = "verbs")]
+mod with_verbs {
+    use super::{allowed, gid_rank, parse_hca};
+    use crate::verbs::{self, Context, QpSettings};
+    use comm_core::{Error, Result};
+    use ibverbs_sys as ffi;
 
-/// Open the device and port to use, or `Ok(None)` when this host has no
-/// RDMA device at all (or none passes `OXCCL_IB_HCA`).
-pub fn choose() -> Result<Option<Choice>> {
-    let names =
-        verbs::device_names().map_err(|e| Error::System(format!("listing RDMA devices: {e}")))?;
-    let filter = parse_hca(&env("OXCCL_IB_HCA").unwrap_or_default());
-    let gid_index = match env("OXCCL_IB_GID_INDEX") {
-        None => None,
-        Some(_) => Some(env_num("OXCCL_IB_GID_INDEX", 0, 255)? as u8),
-    };
-    let timeout = env_num("OXCCL_IB_TIMEOUT", 18, 31)? as u8;
-    let retry_cnt = env_num("OXCCL_IB_RETRY_CNT", 7, 7)? as u8;
-    let traffic_class = env_num("OXCCL_IB_TC", 0, 255)? as u8;
-    for name in names {
-        let ctx = match Context::open(&name) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::info!("oxccl rdma: skipping {name}: {e}");
-                continue;
-            }
-        };
-        let ports = ctx
-            .port_count()
-            .map_err(|e| Error::System(format!("{name}: {e}")))?;
-        for port in 1..=ports {
-            if !allowed(&filter, &name, port) {
-                continue;
-            }
-            let attr = match ctx.port(port) {
-                Ok(a) => a,
-                Err(_) => continue,
-            };
-            if attr.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
-                continue;
-            }
-            let ethernet = attr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET as u8;
-            let index = match gid_index {
-                Some(i) => Some(i),
-                None if ethernet => (0..attr.gid_tbl_len.max(0) as u32)
-                    .filter_map(|i| {
-                        let g = ctx.gid(port, i).ok()?;
-                        Some((gid_rank(&g, &gid_kind(&name, port, i))?, i))
-                    })
-                    // Best rank, then lowest index.
-                    .max_by_key(|(r, i)| (*r, std::cmp::Reverse(*i)))
-                    .map(|(_, i)| i as u8),
-                None => None,
-            };
-            if ethernet && index.is_none() {
-                tracing::info!("oxccl rdma: {name} port {port} has no usable GID");
-                continue;
-            }
-            let gid = match index {
-                Some(i) => ctx.gid(port, i as u32).map_err(|e| {
-                    Error::Config(format!(
-                        "OXCCL_IB_GID_INDEX={i}: {name} port {port} has no such GID ({e})"
-                    ))
-                })?,
-                None => [0; 16],
-            };
-            tracing::info!(
-                "oxccl rdma: using {name} port {port}, {}, GID index {index:?}, MTU {}",
-                if ethernet { "RoCE" } else { "InfiniBand" },
-                128u32 << attr.active_mtu
-            );
-            return Ok(Some(Choice {
-                settings: QpSettings {
-                    port,
-                    gid_index: index,
-                    mtu: attr.active_mtu,
-                    timeout,
-                    retry_cnt,
-                    traffic_class,
-                },
-                lid: attr.lid,
-                gid,
-                ctx,
-            }));
+    /// A usable port of an opened device.
+    pub struct Choice {
+        pub ctx: Context,
+        pub settings: QpSettings,
+        pub lid: u16,
+        pub gid: [u8; 16],
+    }
+
+    fn env(name: &str) -> Option<String> {
+        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+    }
+
+    fn env_num(name: &str, default: u32, max: u32) -> Result<u32> {
+        match env(name) {
+            None => Ok(default),
+            Some(v) => v
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n <= max)
+                .ok_or_else(|| {
+                    Error::Config(format!("{name}={v:?} must be a number from 0 to {max}"))
+                }),
         }
     }
-    Ok(None)
+
+    fn gid_kind(dev: &str, port: u8, index: u32) -> String {
+        std::fs::read_to_string(format!(
+            "/sys/class/infiniband/{dev}/ports/{port}/gid_attrs/types/{index}"
+        ))
+        .unwrap_or_default()
+    }
+
+    /// Open the device and port to use, or `Ok(None)` when this host has no
+    /// RDMA device at all (or none passes `OXCCL_IB_HCA`).
+    pub fn choose() -> Result<Option<Choice>> {
+        let names = verbs::device_names()
+            .map_err(|e| Error::System(format!("listing RDMA devices: {e}")))?;
+        let filter = parse_hca(&env("OXCCL_IB_HCA").unwrap_or_default());
+        let gid_index = match env("OXCCL_IB_GID_INDEX") {
+            None => None,
+            Some(_) => Some(env_num("OXCCL_IB_GID_INDEX", 0, 255)? as u8),
+        };
+        let timeout = env_num("OXCCL_IB_TIMEOUT", 18, 31)? as u8;
+        let retry_cnt = env_num("OXCCL_IB_RETRY_CNT", 7, 7)? as u8;
+        let traffic_class = env_num("OXCCL_IB_TC", 0, 255)? as u8;
+        for name in names {
+            let ctx = match Context::open(&name) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::info!("oxccl rdma: skipping {name}: {e}");
+                    continue;
+                }
+            };
+            let ports = ctx
+                .port_count()
+                .map_err(|e| Error::System(format!("{name}: {e}")))?;
+            for port in 1..=ports {
+                if !allowed(&filter, &name, port) {
+                    continue;
+                }
+                let attr = match ctx.port(port) {
+                    Ok(a) => a,
+                    Err(_) => continue,
+                };
+                if attr.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
+                    continue;
+                }
+                let ethernet = attr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET as u8;
+                let index = match gid_index {
+                    Some(i) => Some(i),
+                    None if ethernet => (0..attr.gid_tbl_len.max(0) as u32)
+                        .filter_map(|i| {
+                            let g = ctx.gid(port, i).ok()?;
+                            Some((gid_rank(&g, &gid_kind(&name, port, i))?, i))
+                        })
+                        // Best rank, then lowest index.
+                        .max_by_key(|(r, i)| (*r, std::cmp::Reverse(*i)))
+                        .map(|(_, i)| i as u8),
+                    None => None,
+                };
+                if ethernet && index.is_none() {
+                    tracing::info!("oxccl rdma: {name} port {port} has no usable GID");
+                    continue;
+                }
+                let gid = match index {
+                    Some(i) => ctx.gid(port, i as u32).map_err(|e| {
+                        Error::Config(format!(
+                            "OXCCL_IB_GID_INDEX={i}: {name} port {port} has no such GID ({e})"
+                        ))
+                    })?,
+                    None => [0; 16],
+                };
+                tracing::info!(
+                    "oxccl rdma: using {name} port {port}, {}, GID index {index:?}, MTU {}",
+                    if ethernet { "RoCE" } else { "InfiniBand" },
+                    128u32 << attr.active_mtu
+                );
+                return Ok(Some(Choice {
+                    settings: QpSettings {
+                        port,
+                        gid_index: index,
+                        mtu: attr.active_mtu,
+                        timeout,
+                        retry_cnt,
+                        traffic_class,
+                    },
+                    lid: attr.lid,
+                    gid,
+                    ctx,
+                }));
+            }
+        }
+        Ok(None)
+    }
 }
 
 #[cfg(test)]

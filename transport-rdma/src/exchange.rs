@@ -4,7 +4,6 @@
 //! the authenticated setup connection; the decoder is total (bad bytes are
 //! an error, never a panic) and rejects values no correct peer sends.
 
-use crate::verbs::PathInfo;
 use comm_core::wire::{Put, Reader};
 use comm_core::{Error, Result};
 
@@ -18,6 +17,15 @@ pub const MAX_SLOTS: u32 = 1024;
 pub const MAX_SLOT_BYTES: u32 = 64 << 20;
 /// Largest ring (the peer allocates as many bounce bytes).
 pub const MAX_RING_BYTES: u64 = 1 << 30;
+
+/// Where a remote QP is and how to address it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathInfo {
+    pub qpn: u32,
+    pub psn: u32,
+    pub lid: u16,
+    pub gid: [u8; 16],
+}
 
 /// One side's queue pair and receive ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

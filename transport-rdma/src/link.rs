@@ -106,6 +106,8 @@ pub struct RdmaLink {
     failed: Option<(ErrorKind, String)>,
     closed: bool,
     peer_gone: bool,
+    /// Logged once per link (debug): evidence that zero-copy is in use.
+    used_zero_copy: bool,
 }
 
 impl RdmaLink {
@@ -132,7 +134,15 @@ impl RdmaLink {
             failed: None,
             closed: false,
             peer_gone: false,
+            used_zero_copy: false,
         })
+    }
+
+    /// Move the queue pair to the error state but keep the setup socket
+    /// open: what a peer looks like whose device or QP failed while its
+    /// process lives (fault-injection for tests).
+    pub fn fail_queue_pair(&mut self) {
+        self.qp.to_error();
     }
 
     fn fail(&mut self, kind: ErrorKind, detail: String) -> io::Error {
@@ -178,10 +188,13 @@ impl RdmaLink {
             };
             // The peer stopped answering (died, or its QP is gone): a lost
             // peer. Anything else is a precise transport error.
+            // A dying process's memory and QP vanish in no set order, so a
+            // peer whose setup socket hung up is lost whatever the status.
             let kind = match status {
                 ibv_wc_status::IBV_WC_RETRY_EXC_ERR
                 | ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR
                 | ibv_wc_status::IBV_WC_WR_FLUSH_ERR => ErrorKind::ConnectionReset,
+                _ if comm_core::net::hung_up(self.sock.as_raw_fd()) => ErrorKind::ConnectionReset,
                 _ => ErrorKind::InvalidData,
             };
             let detail = format!(
@@ -298,6 +311,10 @@ impl RdmaLink {
                 return Err(self.fail(ErrorKind::InvalidData, e.to_string()));
             }
             self.sent.push_back(Sent::Data { zero_copy: true });
+            if !self.used_zero_copy {
+                self.used_zero_copy = true;
+                tracing::debug!("oxccl rdma: first zero-copy send to rank {}", self.peer);
+            }
             self.zero_copy.push_back(ZeroCopy {
                 addr: next,
                 len,

@@ -17,6 +17,8 @@ use std::os::fd::RawFd;
 use std::ptr;
 use std::sync::Arc;
 
+pub use crate::exchange::PathInfo;
+
 pub use ffi::ibv_wc as Wc;
 
 fn errno(what: &str) -> io::Error {
@@ -329,15 +331,6 @@ impl Drop for Cq {
             ffi::ibv_destroy_comp_channel(self.channel);
         }
     }
-}
-
-/// Where a remote QP is and how to address it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PathInfo {
-    pub qpn: u32,
-    pub psn: u32,
-    pub lid: u16,
-    pub gid: [u8; 16],
 }
 
 /// Settings for bringing a QP up.

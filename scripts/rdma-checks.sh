@@ -1,0 +1,102 @@
+#!/bin/sh
+# Runs *inside* the Soft-RoCE VM (busybox sh), from scripts/rdma-ci: every
+# RDMA check of the project against the kernel's real verbs stack (rxe0).
+# Prints one line per check and exits non-zero if any failed.
+fails=0
+t0=$(date +%s)
+pass() { echo "PASS $1"; }
+fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+show() { sed 's/^/    | /' "$1" | tail -${2:-8}; }
+
+ibv_devinfo -l | grep -q rxe0 && pass "rxe0 is a verbs device" || fail "no rxe0"
+
+# 0. Link-level tests (transport-rdma/tests/verbs.rs): stream integrity and
+#    the credit window, zero-copy from registered memory, a closed peer, and
+#    a failed work completion naming the verb and status.
+rdma-link-tests --test-threads=1 --nocapture >/tmp/lt.txt 2>&1
+if [ $? = 0 ] && grep -q "test result: ok. 4 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
+  pass "link tests (4) on rxe0"; grep -E "window full|after .*:" /tmp/lt.txt | sed 's/^/    | /'
+else
+  fail "link tests"; show /tmp/lt.txt 30
+fi
+
+# 1. The correctness matrix over RDMA: every collective x dtype x op, in and
+#    out of place, counts 0, 1, 7, n-1, n+1 and 100003 elements.
+for n in 2 3 4; do
+  OXCCL_TRANSPORT=rdma OXCCL_DEBUG=info oxrun -n $n oxccl-selftest matrix 100003 >/tmp/m$n.txt 2>&1
+  if [ $? = 0 ] && grep -q "matrix OK: $n ranks" /tmp/m$n.txt && grep -q "links=\"rdma:$((n - 1))\"" /tmp/m$n.txt; then
+    pass "matrix over rdma, $n ranks"
+  else
+    fail "matrix over rdma, $n ranks"; show /tmp/m$n.txt
+  fi
+done
+
+# 2. Automatic choice on a pretend two-host job (ranks 0,1 on host a; 2,3 on
+#    host b): shared memory inside a host, RDMA between hosts, one matrix.
+oxrun -n 4 sh -c 'OXCCL_DEBUG=info OXCCL_HOSTID=h$((OXCCL_RANK / 2)) exec oxccl-selftest matrix 100003' >/tmp/mixed.txt 2>&1
+if [ $? = 0 ] && grep -q "matrix OK: 4 ranks" /tmp/mixed.txt && [ "$(grep -c 'links="shm:1 rdma:2"' /tmp/mixed.txt)" = 4 ]; then
+  pass "auto choice: shm within a host, rdma across hosts (4 ranks, 2 hosts)"
+else
+  fail "auto choice shm + rdma"; show /tmp/mixed.txt
+fi
+
+# 3. SIGKILL of a rank mid-transfer: every survivor reports PeerLost naming it.
+#    Ranks are started directly (oxrun would stop the survivors itself).
+port=29600
+for victim in 1 2; do
+  for mode in early mid; do
+    port=$((port + 1)); rm -f /tmp/f*.txt
+    for r in 0 1 2; do
+      OXCCL_ROOT=127.0.0.1:$port OXCCL_RANK=$r OXCCL_WORLD_SIZE=3 OXCCL_TRANSPORT=rdma OXCCL_TIMEOUT=60 \
+        timeout 90 oxccl-selftest fault all_reduce 8M $victim $mode >/tmp/f$r.txt 2>&1 &
+    done
+    wait
+    ok=1
+    for r in 0 1 2; do
+      [ $r = $victim ] && continue
+      line=$(grep '^ERROR' /tmp/f$r.txt)
+      set -- $line
+      if [ "$4" = "$victim" ] && [ "$5" = PeerLost ]; then
+        died=$(awk '/^DYING/ {print $3}' /tmp/f$victim.txt)
+        echo "    rank $r: PeerLost naming rank $victim after $(( $3 - died )) ms: $(grep '^DETAIL' /tmp/f$r.txt | cut -c1-160)"
+      else
+        ok=0; show /tmp/f$r.txt
+      fi
+    done
+    [ $ok = 1 ] && pass "SIGKILL of rank $victim ($mode): survivors report PeerLost naming it" || fail "SIGKILL of rank $victim ($mode)"
+  done
+done
+
+# 4. The benchmark over RDMA, every element checked (#wrong 0, exit 0).
+oxrun -n 2 --no-prefix all_reduce_perf --transport rdma -b 8 -e 16M -f 4 -c 1 -n 5 -w 2 >/tmp/perf.txt 2>&1
+if [ $? = 0 ] && grep -q "Out of bounds values : 0 OK" /tmp/perf.txt; then
+  pass "all_reduce_perf --transport rdma, 2 ranks, #wrong 0"; show /tmp/perf.txt 20
+else
+  fail "all_reduce_perf --transport rdma"; show /tmp/perf.txt 20
+fi
+
+# 5. Zero-copy sends from registered buffers (two pretend hosts, so the
+#    buffers are RDMA-registered memory rather than shared segments).
+oxrun -n 2 --no-prefix sh -c 'OXCCL_DEBUG=debug OXCCL_HOSTID=h$OXCCL_RANK exec all_reduce_perf --registered -b 1M -e 16M -f 4 -c 1 -n 5 -w 2' >/tmp/zc.txt 2>&1
+if [ $? = 0 ] && grep -q "Out of bounds values : 0 OK" /tmp/zc.txt && grep -q "first zero-copy send" /tmp/zc.txt; then
+  pass "zero-copy from registered buffers, #wrong 0"; grep -v "Z  *[A-Z]" /tmp/zc.txt >/tmp/zc2.txt; show /tmp/zc2.txt 8
+else
+  fail "zero-copy from registered buffers"; show /tmp/zc.txt 20
+fi
+
+# 6. Many small checked calls and a random soak (flow control under load).
+OXCCL_TRANSPORT=rdma oxrun -n 3 oxccl-selftest soak 400 11 >/tmp/soak.txt 2>&1 && pass "soak, 400 random calls on 3 ranks" || { fail "soak"; show /tmp/soak.txt; }
+OXCCL_TRANSPORT=rdma oxrun -n 4 oxccl-selftest small 2000 >/tmp/small.txt 2>&1 && { pass "2000 small all_reduces on 4 ranks"; show /tmp/small.txt 2; } || { fail "small"; show /tmp/small.txt; }
+
+# 7. Reference figures on the same emulated device (not checks): the verbs
+#    example's raw RC throughput, and oxccl over TCP on the VM's loopback.
+echo "reference: ibv_rc_pingpong, 1 MiB messages (rxe under QEMU emulation):"
+ibv_rc_pingpong -d rxe0 -g 1 -s 1048576 -n 50 >/tmp/pp_s.txt 2>&1 &
+sleep 1
+ibv_rc_pingpong -d rxe0 -g 1 -s 1048576 -n 50 127.0.0.1 2>&1 | grep -i "bytes in" | sed 's/^/    | /'
+wait
+echo "reference: all_reduce_perf over TCP in the same VM:"
+oxrun -n 2 --no-prefix all_reduce_perf --transport tcp -b 1M -e 16M -f 4 -c 1 -n 5 -w 2 2>&1 | grep -E "^ +[0-9]" | sed 's/^/    | /'
+
+echo "rdma checks: $fails failed, $(( $(date +%s) - t0 )) s"
+[ $fails = 0 ]

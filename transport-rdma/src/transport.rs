@@ -1,0 +1,389 @@
+//! The transport itself: device choice ([`probe`]), the per-communicator
+//! endpoint (setup listener, registration cache) and the pairwise setup
+//! that turns an authenticated socket into an [`RdmaLink`].
+
+use crate::device;
+use crate::exchange::{self, QpEndpoint};
+use crate::link::{self, Parts, RdmaLink, Slots};
+use crate::regcache::{InsertError, RegCache};
+use crate::verbs::{Context, Cq, Mr, PathInfo, Pd, Qp, QpSettings};
+use comm_core::handshake::{self, Hello, Purpose};
+use comm_core::transport::{Endpoint, Link, Registry, SetupCtx, Transport};
+use comm_core::wire;
+use comm_core::{Error, Result};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const DOOR_TIMEOUT: Duration = Duration::from_secs(10);
+/// Slots per receive ring (NCCL also pipelines 8 steps per buffer).
+const SLOTS: u32 = 8;
+
+/// Whether this host has a usable RDMA device: the transport for it, or
+/// `None` (no device, or none passes `OXCCL_IB_HCA`).
+pub fn probe() -> Result<Option<RdmaTransport>> {
+    Ok(device::choose()?.map(|c| RdmaTransport {
+        dev: Arc::new(Device {
+            name: c.ctx.name.clone(),
+            ctx: Arc::new(c.ctx),
+            settings: c.settings,
+            lid: c.lid,
+            gid: c.gid,
+        }),
+    }))
+}
+
+struct Device {
+    name: String,
+    ctx: Arc<Context>,
+    settings: QpSettings,
+    lid: u16,
+    gid: [u8; 16],
+}
+
+/// The RDMA transport over one device port (see [`probe`]).
+#[derive(Clone)]
+pub struct RdmaTransport {
+    dev: Arc<Device>,
+}
+
+impl RdmaTransport {
+    /// The device name (`mlx5_0`, `rxe0`).
+    pub fn device(&self) -> &str {
+        &self.dev.name
+    }
+
+    /// Two linked ends in this process (rank 0's link to rank 1 and rank
+    /// 1's to rank 0) over the device, through the regular setup on
+    /// 127.0.0.1, plus rank 0's registry: for tests and benchmarks that
+    /// drive links by hand.
+    pub fn loopback_pair(
+        &self,
+        config: comm_core::Config,
+    ) -> Result<(RdmaLink, RdmaLink, Arc<dyn Registry>)> {
+        let secret = comm_core::handshake::Secret::random()?;
+        let ctx = |rank| SetupCtx {
+            comm_id: 0x6c6f6f70,
+            secret,
+            rank,
+            nranks: 2,
+            config: config.clone(),
+            bind_addr: std::net::Ipv4Addr::LOCALHOST.into(),
+        };
+        let (c0, c1) = (ctx(0), ctx(1));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let e0 = self.listen_endpoint(&c0)?;
+        let e1 = self.listen_endpoint(&c1)?;
+        let addr0 = e0.local;
+        let registry = e0.registry().expect("rdma endpoints have a registry");
+        let dialer = std::thread::spawn(move || {
+            let s = dial(&c1, 0, addr0, deadline)?;
+            connect_pair(&e1.setup, 0, s)
+        });
+        let (peer, link) = e0
+            .incoming
+            .recv_timeout(Duration::from_secs(30))
+            .map_err(|_| Error::Bootstrap("loopback RDMA pair: rank 1 did not connect".into()))?;
+        debug_assert_eq!(peer, 1);
+        let l1 = dialer
+            .join()
+            .map_err(|_| Error::Bootstrap("loopback RDMA pair: dialer panicked".into()))??;
+        Ok((link, l1, registry))
+    }
+}
+
+/// What each pair's setup needs (shared with the accept thread).
+struct Setup {
+    ctx: SetupCtx,
+    dev: Arc<Device>,
+    pd: Arc<Pd>,
+    cache: Arc<RegCache<Mr>>,
+    slot_bytes: u32,
+}
+
+impl Transport for RdmaTransport {
+    fn name(&self) -> &'static str {
+        "rdma"
+    }
+
+    fn listen(&self, ctx: &SetupCtx) -> Result<Box<dyn Endpoint>> {
+        Ok(Box::new(self.listen_endpoint(ctx)?))
+    }
+}
+
+impl RdmaTransport {
+    /// Start one communicator's endpoint: protection domain, registration
+    /// cache, setup listener and its accept thread.
+    fn listen_endpoint(&self, ctx: &SetupCtx) -> Result<RdmaEndpoint> {
+        let pd = Pd::new(self.dev.ctx.clone())
+            .map_err(|e| Error::System(format!("RDMA device {}: {e}", self.dev.name)))?;
+        let setup = Arc::new(Setup {
+            ctx: ctx.clone(),
+            dev: self.dev.clone(),
+            pd,
+            cache: Arc::new(RegCache::default()),
+            // A quarter of a pipeline chunk per slot: a chunk spans several
+            // slots, so its writes overlap the peer's reads.
+            slot_bytes: (ctx.config.chunk_bytes / 4).clamp(16 << 10, 4 << 20) as u32,
+        });
+        let listener = TcpListener::bind(SocketAddr::new(ctx.bind_addr, 0))
+            .map_err(|e| Error::Bootstrap(format!("rdma setup listener: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = channel();
+        let (stop2, setup2) = (stop.clone(), setup.clone());
+        std::thread::Builder::new()
+            .name("oxccl-rdma-accept".into())
+            .spawn(move || accept_loop(listener, setup2, tx, stop2))
+            .map_err(|e| Error::Bootstrap(format!("spawning rdma acceptor: {e}")))?;
+        Ok(RdmaEndpoint {
+            local,
+            setup,
+            incoming: rx,
+            stop,
+        })
+    }
+}
+
+type Incoming = (usize, RdmaLink);
+
+fn accept_loop(l: TcpListener, setup: Arc<Setup>, tx: Sender<Incoming>, stop: Arc<AtomicBool>) {
+    let fd = l.as_raw_fd();
+    comm_core::door::accept_until(
+        "oxccl-rdma-door",
+        fd,
+        &stop,
+        || l.accept(),
+        move |(s, from): (TcpStream, SocketAddr)| match admit(s, &setup) {
+            Ok(link) => {
+                let _ = tx.send(link);
+            }
+            Err(e) => tracing::warn!(
+                "oxccl rdma: rank {} rejected a connection from {from}: {e}",
+                setup.ctx.rank
+            ),
+        },
+    );
+}
+
+/// Accept side: check the handshake, then connect the pair.
+fn admit(mut s: TcpStream, setup: &Setup) -> Result<Incoming> {
+    let _ = s.set_nonblocking(false);
+    s.set_read_timeout(Some(DOOR_TIMEOUT)).ok();
+    s.set_write_timeout(Some(DOOR_TIMEOUT)).ok();
+    let hello = handshake::server(&mut s, &setup.ctx.secret, |h: &Hello| {
+        h.check_link(Purpose::Rdma, &setup.ctx)
+    })?;
+    let peer = hello.from as usize;
+    Ok((peer, connect_pair(setup, peer, s)?))
+}
+
+struct RdmaEndpoint {
+    local: SocketAddr,
+    setup: Arc<Setup>,
+    incoming: Receiver<Incoming>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for RdmaEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Endpoint for RdmaEndpoint {
+    fn address(&self) -> Vec<u8> {
+        self.local.to_string().into_bytes()
+    }
+
+    fn connect(
+        &mut self,
+        ctx: &SetupCtx,
+        peers: &[(usize, Vec<u8>)],
+        deadline: Instant,
+    ) -> Result<Vec<(usize, Box<dyn Link>)>> {
+        let mut links: Vec<(usize, Box<dyn Link>)> = Vec::new();
+        for (peer, addr) in peers.iter().filter(|(p, _)| *p < ctx.rank) {
+            let addr: SocketAddr = std::str::from_utf8(addr)
+                .ok()
+                .and_then(|a| a.parse().ok())
+                .ok_or_else(|| {
+                    Error::Protocol(format!("rank {peer} published an unreadable RDMA address"))
+                })?;
+            let s = dial(ctx, *peer, addr, deadline)?;
+            links.push((*peer, Box::new(connect_pair(&self.setup, *peer, s)?)));
+        }
+        let mut missing = peers.iter().filter(|(p, _)| *p > ctx.rank).count();
+        while missing > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (peer, link) = self.incoming.recv_timeout(left).map_err(|_| {
+                Error::Bootstrap(format!(
+                    "RDMA peers did not connect to rank {} in time",
+                    ctx.rank
+                ))
+            })?;
+            if peers.iter().any(|(p, _)| *p == peer) && !links.iter().any(|(p, _)| *p == peer) {
+                links.push((peer, Box::new(link)));
+                missing -= 1;
+            }
+        }
+        self.stop.store(true, Ordering::Relaxed);
+        Ok(links)
+    }
+
+    fn registry(&self) -> Option<Arc<dyn Registry>> {
+        Some(Arc::new(CacheRegistry {
+            pd: self.setup.pd.clone(),
+            cache: self.setup.cache.clone(),
+            device: self.setup.dev.name.clone(),
+        }))
+    }
+}
+
+/// The endpoint's registration cache as `comm-core` sees it.
+struct CacheRegistry {
+    pd: Arc<Pd>,
+    cache: Arc<RegCache<Mr>>,
+    device: String,
+}
+
+impl Registry for CacheRegistry {
+    fn register(&self, addr: usize, len: usize) -> Result<()> {
+        // SAFETY: comm-core registers only memory it owns (a SharedBuffer's
+        // mapping) and unregisters it before unmapping it.
+        let r = self.cache.insert(addr, len, || unsafe {
+            Mr::register(&self.pd, addr as *mut u8, len)
+        });
+        r.map_err(|e| match e {
+            InsertError::Overlap => Error::System(format!(
+                "RDMA registration of {len} bytes at {addr:#x} overlaps another one"
+            )),
+            InsertError::Register(e) => Error::System(format!(
+                "registering {len} bytes with RDMA device {}: {e} (check `ulimit -l`)",
+                self.device
+            )),
+        })
+    }
+
+    fn unregister(&self, addr: usize, len: usize) {
+        self.cache.remove(addr, len);
+    }
+}
+
+/// Connect side: reach the peer's setup port and prove the secret.
+fn dial(ctx: &SetupCtx, peer: usize, addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+    let mut last = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Error::Bootstrap(format!(
+                "could not reach rank {peer}'s RDMA setup port at {addr}: {last}"
+            )));
+        }
+        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
+            Ok(mut s) => {
+                s.set_read_timeout(Some(left.min(DOOR_TIMEOUT))).ok();
+                s.set_write_timeout(Some(left.min(DOOR_TIMEOUT))).ok();
+                let hello = Hello::new(
+                    Purpose::Rdma,
+                    ctx.comm_id,
+                    ctx.rank,
+                    peer as u32,
+                    ctx.nranks,
+                    0,
+                )?;
+                handshake::client(&mut s, &ctx.secret, &hello).map_err(|e| {
+                    Error::Bootstrap(format!("rank {peer} refused our RDMA connection: {e}"))
+                })?;
+                return Ok(s);
+            }
+            Err(e) => {
+                last = e.to_string();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Registered, zeroed memory of `len` bytes.
+fn slots(pd: &Arc<Pd>, len: usize) -> std::io::Result<Slots> {
+    let mut mem = vec![0u8; len].into_boxed_slice();
+    // SAFETY: `Slots` keeps the memory alive longer than the region (field
+    // order), and the link keeps both until its QP is destroyed.
+    let mr = unsafe { Mr::register(pd, mem.as_mut_ptr(), len)? };
+    Ok(Slots { mr, mem })
+}
+
+/// Both sides, over an authenticated setup socket: create the QP and ring,
+/// swap endpoints, bring the QP up, and confirm readiness.
+fn connect_pair(setup: &Setup, peer: usize, mut s: TcpStream) -> Result<RdmaLink> {
+    let terr = |what: &str, e: std::io::Error| Error::Transport {
+        peer,
+        detail: format!("RDMA setup ({what}) on {}: {e}", setup.dev.name),
+    };
+    let slot_bytes = setup.slot_bytes;
+    let sq_cap = 2 * SLOTS as usize + 4;
+    let rq = 2 * SLOTS + 4;
+    let cq = Cq::new(&setup.dev.ctx, (sq_cap as u32 + rq + 8) as i32).map_err(|e| terr("CQ", e))?;
+    let mut qp = Qp::new(&setup.pd, &cq, sq_cap as u32, rq).map_err(|e| terr("QP", e))?;
+    let ring =
+        slots(&setup.pd, SLOTS as usize * slot_bytes as usize).map_err(|e| terr("ring", e))?;
+    let mut psn = [0u8; 4];
+    psn.copy_from_slice(&comm_core::handshake::Secret::random()?.0[..4]);
+    let psn = u32::from_le_bytes(psn) & 0xff_ffff;
+    let mine = QpEndpoint {
+        path: PathInfo {
+            qpn: qp.qpn(),
+            psn,
+            lid: setup.dev.lid,
+            gid: setup.dev.gid,
+        },
+        ring_addr: ring.mem.as_ptr() as u64,
+        rkey: ring.mr.rkey(),
+        slots: SLOTS,
+        slot_bytes,
+    };
+    wire::write_frame(&mut s, &mine.encode()).map_err(|e| terr("sending our endpoint", e))?;
+    let theirs = wire::read_frame(&mut s, exchange::LEN)?
+        .ok_or_else(|| Error::Bootstrap(format!("rank {peer} closed the RDMA setup connection")))?;
+    let theirs = QpEndpoint::decode(&theirs)?;
+    let bounce = slots(
+        &setup.pd,
+        theirs.slots as usize * theirs.slot_bytes as usize,
+    )
+    .map_err(|e| terr("bounce buffers", e))?;
+    qp.connect(&setup.dev.settings, psn, &theirs.path)
+        .map_err(|e| terr("connecting the queue pair", e))?;
+    // Receives go up before the peer may write (it waits for our byte).
+    for _ in 0..rq {
+        qp.post_recv(link::WR_RECV)
+            .map_err(|e| terr("posting receives", e))?;
+    }
+    s.write_all(&[1]).map_err(|e| terr("ready", e))?;
+    let mut b = [0u8; 1];
+    s.read_exact(&mut b)
+        .map_err(|e| terr("waiting for the peer's queue pair", e))?;
+    RdmaLink::new(Parts {
+        peer,
+        qp,
+        cq,
+        ring,
+        ring_slots: SLOTS,
+        ring_slot_bytes: slot_bytes,
+        bounce,
+        remote: theirs,
+        sq_cap,
+        sock: s,
+        cache: setup.cache.clone(),
+    })
+    .map_err(|e| terr("link", e))
+}
