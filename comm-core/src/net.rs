@@ -108,6 +108,43 @@ pub fn pick_from(all: &[Interface], ifname: Option<&str>) -> Result<IpAddr> {
     })
 }
 
+/// An epoll fd watching `fds` for input and hang-up: one fd a link hands
+/// the executor's `poll(2)` for several wake-up sources.
+pub fn epoll_of(fds: &[std::os::fd::RawFd]) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: plain syscall; the fd is owned below.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd.
+    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
+    for &fd in fds {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: registering a valid fd with a valid event struct.
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(ep)
+}
+
+/// Whether the peer end of the stream socket `fd` has hung up
+/// (non-blocking check).
+pub fn hung_up(fd: std::os::fd::RawFd) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN | libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, zero timeout.
+    let r = unsafe { libc::poll(&mut p, 1, 0) };
+    r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,41 +199,4 @@ mod tests {
     fn this_machine_has_loopback() {
         assert!(interfaces().iter().any(|i| i.addr.is_loopback()));
     }
-}
-
-/// An epoll fd watching `fds` for input and hang-up: one fd a link hands
-/// the executor's `poll(2)` for several wake-up sources.
-pub fn epoll_of(fds: &[std::os::fd::RawFd]) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    // SAFETY: plain syscall; the fd is owned below.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd.
-    let ep = unsafe { OwnedFd::from_raw_fd(ep) };
-    for &fd in fds {
-        let mut ev = libc::epoll_event {
-            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-            u64: fd as u64,
-        };
-        // SAFETY: registering a valid fd with a valid event struct.
-        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(ep)
-}
-
-/// Whether the peer end of the stream socket `fd` has hung up
-/// (non-blocking check).
-pub fn hung_up(fd: std::os::fd::RawFd) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN | libc::POLLRDHUP,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, zero timeout.
-    let r = unsafe { libc::poll(&mut p, 1, 0) };
-    r > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
 }

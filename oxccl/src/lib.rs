@@ -97,6 +97,15 @@ pub fn transports(config: &Config) -> Result<Transports> {
     })
 }
 
+/// The RDMA device this host would use (`OXCCL_IB_HCA` applied), if any;
+/// always `None` in a build without the `rdma` feature.
+pub fn rdma_device() -> Result<Option<String>> {
+    #[cfg(feature = "rdma")]
+    return Ok(transport_rdma::probe()?.map(|t| t.device().to_string()));
+    #[cfg(not(feature = "rdma"))]
+    Ok(None)
+}
+
 /// The RDMA transport when this host has a device. Without one, automatic
 /// selection falls back to TCP (one info line per process); a forced
 /// `rdma` is an error that says what is missing.
