@@ -4,8 +4,9 @@
 # Prints one line per check and exits non-zero if any failed.
 fails=0
 t0=$(date +%s)
-pass() { echo "PASS $1"; }
-fail() { echo "FAIL $1"; fails=$((fails + 1)); }
+at() { echo "at $(( $(date +%s) - t0 )) s"; }
+pass() { echo "PASS $1 ($(at))"; }
+fail() { echo "FAIL $1 ($(at))"; fails=$((fails + 1)); }
 show() { sed 's/^/    | /' "$1" | tail -${2:-8}; }
 
 ibv_devinfo -l | grep -q rxe0 && pass "rxe0 is a verbs device" || fail "no rxe0"
@@ -14,8 +15,8 @@ ibv_devinfo -l | grep -q rxe0 && pass "rxe0 is a verbs device" || fail "no rxe0"
 #    the credit window, zero-copy from registered memory, a closed peer, and
 #    a failed work completion naming the verb and status.
 rdma-link-tests --test-threads=1 --nocapture >/tmp/lt.txt 2>&1
-if [ $? = 0 ] && grep -q "test result: ok. 4 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
-  pass "link tests (4) on rxe0"; grep -E "window full|after .*:" /tmp/lt.txt | sed 's/^/    | /'
+if [ $? = 0 ] && grep -q "test result: ok. 5 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
+  pass "link tests (5) on rxe0"; grep -E "window full|after .*:|waited" /tmp/lt.txt | sed 's/^/    | /'
 else
   fail "link tests"; show /tmp/lt.txt 30
 fi
@@ -30,6 +31,20 @@ for n in 2 3 4; do
     fail "matrix over rdma, $n ranks"; show /tmp/m$n.txt
   fi
 done
+
+# 1b. Device and GID selection knobs.
+OXCCL_DEBUG=info OXCCL_TRANSPORT=rdma OXCCL_IB_HCA==rxe0:1 OXCCL_IB_GID_INDEX=1 oxrun -n 2 oxccl-selftest init >/tmp/k1.txt 2>&1 \
+  && grep -q "using rxe0 port 1, RoCE, GID index Some(1)" /tmp/k1.txt \
+  && pass "OXCCL_IB_HCA==rxe0:1 OXCCL_IB_GID_INDEX=1" || { fail "explicit device and GID"; show /tmp/k1.txt; }
+OXCCL_TRANSPORT=rdma OXCCL_IB_HCA=^rxe oxrun -n 2 oxccl-selftest init >/tmp/k2.txt 2>&1
+[ $? != 0 ] && grep -q "no RDMA device was found" /tmp/k2.txt && grep -q OXCCL_IB_HCA /tmp/k2.txt \
+  && pass "OXCCL_IB_HCA=^rxe excludes the only device: clear error" || { fail "excluded device"; show /tmp/k2.txt; }
+OXCCL_TRANSPORT=rdma OXCCL_IB_GID_INDEX=99 oxrun -n 2 oxccl-selftest init >/tmp/k3.txt 2>&1
+[ $? != 0 ] && grep -q "OXCCL_IB_GID_INDEX=99" /tmp/k3.txt \
+  && pass "OXCCL_IB_GID_INDEX=99 (no such GID): clear error" || { fail "bad GID index"; show /tmp/k3.txt; }
+OXCCL_HOSTID=x OXCCL_IB_HCA=^rxe OXCCL_DEBUG=info oxrun -n 2 sh -c 'OXCCL_HOSTID=h$OXCCL_RANK exec oxccl-selftest init' >/tmp/k4.txt 2>&1 \
+  && grep -q "no RDMA device found; peers on other hosts use TCP" /tmp/k4.txt && grep -q 'links="tcp:1"' /tmp/k4.txt \
+  && pass "no usable device: automatic choice falls back to TCP" || { fail "fallback to TCP"; show /tmp/k4.txt; }
 
 # 2. Automatic choice on a pretend two-host job (ranks 0,1 on host a; 2,3 on
 #    host b): shared memory inside a host, RDMA between hosts, one matrix.
@@ -95,8 +110,13 @@ ibv_rc_pingpong -d rxe0 -g 1 -s 1048576 -n 50 >/tmp/pp_s.txt 2>&1 &
 sleep 1
 ibv_rc_pingpong -d rxe0 -g 1 -s 1048576 -n 50 127.0.0.1 2>&1 | grep -i "bytes in" | sed 's/^/    | /'
 wait
+echo "reference: ibv_rc_pingpong, 8-byte messages (round trip per iteration):"
+ibv_rc_pingpong -d rxe0 -g 1 -s 8 -n 2000 >/tmp/pp_s.txt 2>&1 &
+sleep 1
+ibv_rc_pingpong -d rxe0 -g 1 -s 8 -n 2000 127.0.0.1 2>&1 | grep -i "iters in" | sed 's/^/    | /'
+wait
 echo "reference: all_reduce_perf over TCP in the same VM:"
-oxrun -n 2 --no-prefix all_reduce_perf --transport tcp -b 1M -e 16M -f 4 -c 1 -n 5 -w 2 2>&1 | grep -E "^ +[0-9]" | sed 's/^/    | /'
+oxrun -n 2 --no-prefix all_reduce_perf --transport tcp -b 8 -e 16M -f 8 -c 1 -n 5 -w 2 2>&1 | grep -E "^ +[0-9]" | sed 's/^/    | /'
 
 echo "rdma checks: $fails failed, $(( $(date +%s) - t0 )) s"
 [ $fails = 0 ]

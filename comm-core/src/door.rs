@@ -3,12 +3,17 @@
 //! `poll(2)`, a stop flag checked five times a second, and each connection
 //! handed to its own thread, so a stranger that connects and says nothing
 //! (the door threads read with a deadline) never holds up anyone else.
+//! Also the dialing side's retry loop and the pairwise setup that the
+//! shared-memory and RDMA transports share.
 
+use crate::error::{Error, Result};
+use crate::transport::SetupCtx;
 use std::io::ErrorKind;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Run on the calling thread until `stop` is set: `accept` returns the next
 /// connection (`ErrorKind::WouldBlock` when none is waiting on `fd`), and
@@ -43,4 +48,60 @@ pub fn accept_until<C: Send + 'static>(
             }
         }
     }
+}
+
+/// The dialing side's retry: call `attempt` with the time left until it
+/// succeeds or `deadline` passes (the peer's listener may not be up yet),
+/// 10 ms apart. At the deadline: the last error, in words.
+pub fn dial_until<T>(
+    deadline: Instant,
+    mut attempt: impl FnMut(Duration) -> std::io::Result<T>,
+) -> std::result::Result<T, String> {
+    let mut last = String::from("the deadline passed before the first attempt");
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(last);
+        }
+        match attempt(left) {
+            Ok(t) => return Ok(t),
+            Err(e) => {
+                last = e.to_string();
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+/// Link setup where the higher rank of each pair connects: `dial` every
+/// lower-ranked peer of `peers` (rank, published address), then take the
+/// higher-ranked peers' links from `incoming` (filled by the transport's
+/// accept thread) until all arrived or `deadline` passes.
+pub fn connect_pairwise<L>(
+    ctx: &SetupCtx,
+    peers: &[(usize, Vec<u8>)],
+    deadline: Instant,
+    transport: &str,
+    mut dial: impl FnMut(usize, &[u8]) -> Result<L>,
+    incoming: &Receiver<(usize, L)>,
+) -> Result<Vec<(usize, L)>> {
+    let mut links = Vec::new();
+    for (peer, addr) in peers.iter().filter(|(p, _)| *p < ctx.rank) {
+        links.push((*peer, dial(*peer, addr)?));
+    }
+    let mut missing = peers.iter().filter(|(p, _)| *p > ctx.rank).count();
+    while missing > 0 {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (peer, link) = incoming.recv_timeout(left).map_err(|_| {
+            Error::Bootstrap(format!(
+                "{transport} peers did not connect to rank {} in time",
+                ctx.rank
+            ))
+        })?;
+        if peers.iter().any(|(p, _)| *p == peer) && !links.iter().any(|(p, _)| *p == peer) {
+            links.push((peer, link));
+            missing -= 1;
+        }
+    }
+    Ok(links)
 }

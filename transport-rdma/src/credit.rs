@@ -55,6 +55,11 @@ impl SendWindow {
         self.posted - self.freed < self.slots && self.posted - self.completed < self.slots
     }
 
+    /// The slot the next [`SendWindow::post`] takes.
+    pub fn next_slot(&self) -> u32 {
+        (self.posted % self.slots) as u32
+    }
+
     /// Take the next slot; call only when [`SendWindow::can_post`].
     pub fn post(&mut self) -> u32 {
         debug_assert!(self.can_post());
@@ -184,7 +189,14 @@ mod tests {
     #[test]
     fn sender_stops_at_the_window_and_resumes_on_credit_and_completion() {
         let mut s = SendWindow::new(4);
-        let slots: Vec<u32> = (0..4).map(|_| s.post()).collect();
+        let slots: Vec<u32> = (0..4)
+            .map(|_| {
+                let next = s.next_slot();
+                let got = s.post();
+                assert_eq!(next, got);
+                got
+            })
+            .collect();
         assert_eq!(slots, vec![0, 1, 2, 3]);
         assert!(!s.can_post(), "a fifth message would overrun the receiver");
         s.credit(1).unwrap();

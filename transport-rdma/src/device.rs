@@ -149,11 +149,21 @@ mod with_verbs {
                     continue;
                 }
                 let gid = match index {
-                    Some(i) => ctx.gid(port, i as u32).map_err(|e| {
-                        Error::Config(format!(
-                            "OXCCL_IB_GID_INDEX={i}: {name} port {port} has no such GID ({e})"
-                        ))
-                    })?,
+                    Some(i) => {
+                        let no_gid = |why: String| {
+                            Error::Config(format!(
+                                "OXCCL_IB_GID_INDEX={i}: {name} port {port} has no such GID ({why})"
+                            ))
+                        };
+                        if i as i32 >= attr.gid_tbl_len {
+                            return Err(no_gid(format!("its table has {}", attr.gid_tbl_len)));
+                        }
+                        let g = ctx.gid(port, i as u32).map_err(|e| no_gid(e.to_string()))?;
+                        if g.iter().all(|b| *b == 0) {
+                            return Err(no_gid("the entry is empty".into()));
+                        }
+                        g
+                    }
                     None => [0; 16],
                 };
                 tracing::info!(

@@ -262,6 +262,25 @@ impl RdmaLink {
         self.cache.lookup(b.as_ptr() as usize, b.len())
     }
 
+    /// Post the next data message (take a slot; the immediate is the
+    /// length).
+    ///
+    /// # Safety
+    /// `local` must stay valid and unchanged until the send completes.
+    unsafe fn post_data(&mut self, local: Local, zero_copy: bool) -> io::Result<()> {
+        let slot = self.tx.post();
+        let remote = self.remote_slot(slot);
+        let len = local.len;
+        if let Err(e) = self
+            .qp
+            .post_write_imm(WR_DATA, local, remote, self.remote.rkey, len)
+        {
+            return Err(self.fail(ErrorKind::InvalidData, e.to_string()));
+        }
+        self.sent.push_back(Sent::Data { zero_copy });
+        Ok(())
+    }
+
     /// Zero-copy send of `b` (registered in `mr`): report the completed
     /// prefix, or post more writes and ask to be called again.
     fn write_zero_copy(&mut self, b: &[u8], mr: Arc<Mr>) -> io::Result<usize> {
@@ -289,28 +308,19 @@ impl RdmaLink {
         let end = base + b.len();
         while next < end && self.tx.can_post() {
             let len = (end - next).min(self.remote.slot_bytes as usize);
-            let slot = self.tx.post();
-            let remote = self.remote_slot(slot);
             // SAFETY: [next, next+len) lies in `b`, inside the registered
             // range of `mr`; the caller keeps `b` unchanged until this write
             // reports it done, which is after its completion.
-            let r = unsafe {
-                self.qp.post_write_imm(
-                    WR_DATA,
+            unsafe {
+                self.post_data(
                     Local {
                         addr: next as u64,
                         len: len as u32,
                         lkey: mr.lkey(),
                     },
-                    remote,
-                    self.remote.rkey,
-                    len as u32,
-                )
+                    true,
+                )?
             };
-            if let Err(e) = r {
-                return Err(self.fail(ErrorKind::InvalidData, e.to_string()));
-            }
-            self.sent.push_back(Sent::Data { zero_copy: true });
             if !self.used_zero_copy {
                 self.used_zero_copy = true;
                 tracing::debug!("oxccl rdma: first zero-copy send to rank {}", self.peer);
@@ -353,8 +363,8 @@ impl Link for RdmaLink {
             return Err(ErrorKind::WouldBlock.into());
         }
         let sb = self.remote.slot_bytes as usize;
-        let slot = self.tx.post();
-        let off = slot as usize * sb;
+        // The slot `post_data` will take: its bounce slot is free (can_post).
+        let off = self.tx.next_slot() as usize * sb;
         let mut n = 0;
         for (i, b) in bufs.iter().enumerate().skip(first) {
             // A later registered slice goes zero-copy in its own call.
@@ -365,27 +375,14 @@ impl Link for RdmaLink {
             self.bounce.mem[off + n..off + n + k].copy_from_slice(&b[..k]);
             n += k;
         }
-        let local = self.bounce.mem[off..].as_ptr() as u64;
-        let remote = self.remote_slot(slot);
+        let local = Local {
+            addr: self.bounce.mem[off..].as_ptr() as u64,
+            len: n as u32,
+            lkey: self.bounce.mr.lkey(),
+        };
         // SAFETY: the bounce slot lies in `bounce.mr` and is not touched
         // again until the window says this send completed.
-        let r = unsafe {
-            self.qp.post_write_imm(
-                WR_DATA,
-                Local {
-                    addr: local,
-                    len: n as u32,
-                    lkey: self.bounce.mr.lkey(),
-                },
-                remote,
-                self.remote.rkey,
-                n as u32,
-            )
-        };
-        if let Err(e) = r {
-            return Err(self.fail(ErrorKind::InvalidData, e.to_string()));
-        }
-        self.sent.push_back(Sent::Data { zero_copy: false });
+        unsafe { self.post_data(local, false)? };
         Ok(n)
     }
 

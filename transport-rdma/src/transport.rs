@@ -211,33 +211,28 @@ impl Endpoint for RdmaEndpoint {
         peers: &[(usize, Vec<u8>)],
         deadline: Instant,
     ) -> Result<Vec<(usize, Box<dyn Link>)>> {
-        let mut links: Vec<(usize, Box<dyn Link>)> = Vec::new();
-        for (peer, addr) in peers.iter().filter(|(p, _)| *p < ctx.rank) {
-            let addr: SocketAddr = std::str::from_utf8(addr)
-                .ok()
-                .and_then(|a| a.parse().ok())
-                .ok_or_else(|| {
-                    Error::Protocol(format!("rank {peer} published an unreadable RDMA address"))
-                })?;
-            let s = dial(ctx, *peer, addr, deadline)?;
-            links.push((*peer, Box::new(connect_pair(&self.setup, *peer, s)?)));
-        }
-        let mut missing = peers.iter().filter(|(p, _)| *p > ctx.rank).count();
-        while missing > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (peer, link) = self.incoming.recv_timeout(left).map_err(|_| {
-                Error::Bootstrap(format!(
-                    "RDMA peers did not connect to rank {} in time",
-                    ctx.rank
-                ))
-            })?;
-            if peers.iter().any(|(p, _)| *p == peer) && !links.iter().any(|(p, _)| *p == peer) {
-                links.push((peer, Box::new(link)));
-                missing -= 1;
-            }
-        }
+        let setup = self.setup.clone();
+        let links = comm_core::door::connect_pairwise(
+            ctx,
+            peers,
+            deadline,
+            "RDMA",
+            |peer, addr| {
+                let addr: SocketAddr = std::str::from_utf8(addr)
+                    .ok()
+                    .and_then(|a| a.parse().ok())
+                    .ok_or_else(|| {
+                        Error::Protocol(format!("rank {peer} published an unreadable RDMA address"))
+                    })?;
+                connect_pair(&setup, peer, dial(ctx, peer, addr, deadline)?)
+            },
+            &self.incoming,
+        )?;
         self.stop.store(true, Ordering::Relaxed);
-        Ok(links)
+        Ok(links
+            .into_iter()
+            .map(|(p, l)| (p, Box::new(l) as Box<dyn Link>))
+            .collect())
     }
 
     fn registry(&self) -> Option<Arc<dyn Registry>> {
@@ -281,37 +276,30 @@ impl Registry for CacheRegistry {
 
 /// Connect side: reach the peer's setup port and prove the secret.
 fn dial(ctx: &SetupCtx, peer: usize, addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
-    let mut last = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Bootstrap(format!(
-                "could not reach rank {peer}'s RDMA setup port at {addr}: {last}"
-            )));
-        }
-        match TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5))) {
-            Ok(mut s) => {
-                s.set_read_timeout(Some(left.min(DOOR_TIMEOUT))).ok();
-                s.set_write_timeout(Some(left.min(DOOR_TIMEOUT))).ok();
-                let hello = Hello::new(
-                    Purpose::Rdma,
-                    ctx.comm_id,
-                    ctx.rank,
-                    peer as u32,
-                    ctx.nranks,
-                    0,
-                )?;
-                handshake::client(&mut s, &ctx.secret, &hello).map_err(|e| {
-                    Error::Bootstrap(format!("rank {peer} refused our RDMA connection: {e}"))
-                })?;
-                return Ok(s);
-            }
-            Err(e) => {
-                last = e.to_string();
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
+    let mut s = comm_core::door::dial_until(deadline, |left| {
+        TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(5)))
+    })
+    .map_err(|e| {
+        Error::Bootstrap(format!(
+            "could not reach rank {peer}'s RDMA setup port at {addr}: {e}"
+        ))
+    })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.clamp(Duration::from_millis(1), DOOR_TIMEOUT)))
+        .ok();
+    s.set_write_timeout(Some(left.clamp(Duration::from_millis(1), DOOR_TIMEOUT)))
+        .ok();
+    let hello = Hello::new(
+        Purpose::Rdma,
+        ctx.comm_id,
+        ctx.rank,
+        peer as u32,
+        ctx.nranks,
+        0,
+    )?;
+    handshake::client(&mut s, &ctx.secret, &hello)
+        .map_err(|e| Error::Bootstrap(format!("rank {peer} refused our RDMA connection: {e}")))?;
+    Ok(s)
 }
 
 /// Registered, zeroed memory of `len` bytes.

@@ -180,3 +180,55 @@ fn writes_to_a_dead_queue_pair_fail_with_the_verb_and_status() {
     );
     assert!(msg.contains("rank 1") && msg.contains("status"), "{msg}");
 }
+
+fn thread_cpu() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-parameter.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+#[test]
+fn a_waiting_reader_sleeps_on_the_completion_channel() {
+    let Some(t) = transport() else { return };
+    let (mut a, mut b, _reg) = pair(&t, 1 << 20);
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        a.write(0, &[IoSlice::new(b"wake up")]).unwrap();
+        a // kept alive until the reader is done
+    });
+    let (cpu0, t0) = (thread_cpu(), Instant::now());
+    let mut buf = [0u8; 16];
+    // As the executor waits: arm, then sleep in poll(2) on the link's fd,
+    // with a timeout far longer than the writer's delay, so only the
+    // completion event can end the sleep in time.
+    let n = loop {
+        match b.read(0, &mut [IoSliceMut::new(&mut buf)]) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                if !b.arm(0, true, false) {
+                    let mut p = libc::pollfd {
+                        fd: b.fd(0),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    unsafe { libc::poll(&mut p, 1, 20_000) };
+                }
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
+    let _a = writer.join().unwrap();
+    println!("waited {wall:?} using {cpu:?} of CPU");
+    assert_eq!(&buf[..n], b"wake up");
+    assert!(
+        wall < Duration::from_secs(10),
+        "the completion event did not wake the reader"
+    );
+    assert!(cpu < wall / 4, "the wait burned {cpu:?} of CPU in {wall:?}");
+}

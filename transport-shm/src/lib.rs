@@ -169,26 +169,15 @@ impl Endpoint for ShmEndpoint {
         peers: &[(usize, Vec<u8>)],
         deadline: Instant,
     ) -> Result<Vec<(usize, Box<dyn Link>)>> {
-        let mut links: Vec<(usize, Box<dyn Link>)> = Vec::new();
         let cap = ring_bytes(ctx.config.chunk_bytes)?;
-        for (peer, addr) in peers.iter().filter(|(p, _)| *p < ctx.rank) {
-            links.push((*peer, Box::new(dial(ctx, *peer, addr, cap, deadline)?)));
-        }
-        let mut missing = peers.iter().filter(|(p, _)| *p > ctx.rank).count();
-        while missing > 0 {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let (peer, link) = self.incoming.recv_timeout(left).map_err(|_| {
-                Error::Bootstrap(format!(
-                    "shared-memory peers did not connect to rank {} in time",
-                    ctx.rank
-                ))
-            })?;
-            if peers.iter().any(|(p, _)| *p == peer) && !links.iter().any(|(p, _)| *p == peer) {
-                links.push((peer, link));
-                missing -= 1;
-            }
-        }
-        Ok(links)
+        comm_core::door::connect_pairwise(
+            ctx,
+            peers,
+            deadline,
+            "shared-memory",
+            |peer, addr| Ok(Box::new(dial(ctx, peer, addr, cap, deadline)?) as Box<dyn Link>),
+            &self.incoming,
+        )
     }
 }
 
@@ -202,16 +191,8 @@ fn dial(
 ) -> Result<ShmLink> {
     let sa = SocketAddr::from_abstract_name(addr)
         .map_err(|e| Error::Protocol(format!("shm address of rank {peer}: {e}")))?;
-    let mut s = loop {
-        match UnixStream::connect_addr(&sa) {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("oxccl shm: connecting to rank {peer}: {e}; retrying");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            Err(e) => return Err(Error::Bootstrap(format!("cannot reach rank {peer} through shared memory: {e} (different network namespace? set OXCCL_TRANSPORT=tcp)"))),
-        }
-    };
+    let mut s = comm_core::door::dial_until(deadline, |_| UnixStream::connect_addr(&sa))
+        .map_err(|e| Error::Bootstrap(format!("cannot reach rank {peer} through shared memory: {e} (different network namespace? set OXCCL_TRANSPORT=tcp)")))?;
     s.set_read_timeout(Some(DOOR_TIMEOUT)).ok();
     s.set_write_timeout(Some(DOOR_TIMEOUT)).ok();
     let hello = Hello::new(

@@ -160,41 +160,34 @@ fn connect_stream(
     stream: usize,
     deadline: Instant,
 ) -> Result<TcpStream> {
-    let mut last = String::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(Error::Bootstrap(format!(
-                "could not connect to rank {peer} at {addr}: {last}; check OXCCL_SOCKET_IFNAME and firewalls"
-            )));
-        }
-        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-            .map_err(|e| Error::Bootstrap(format!("tcp socket: {e}")))?;
+    let mut s: TcpStream = comm_core::door::dial_until(deadline, |left| {
+        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
         configure(&sock, ctx.config.socket_buffer);
-        match sock.connect_timeout(&SockAddr::from(addr), left.min(Duration::from_secs(5))) {
-            Ok(()) => {
-                let mut s: TcpStream = sock.into();
-                let _ = s.set_read_timeout(Some(left.min(DOOR_TIMEOUT)));
-                let _ = s.set_write_timeout(Some(left.min(DOOR_TIMEOUT)));
-                let hello = Hello::new(
-                    Purpose::Tcp,
-                    ctx.comm_id,
-                    ctx.rank,
-                    peer as u32,
-                    ctx.nranks,
-                    stream,
-                )?;
-                handshake::client(&mut s, &ctx.secret, &hello).map_err(|e| {
-                    Error::Bootstrap(format!("rank {peer} at {addr} refused our connection: {e}"))
-                })?;
-                return Ok(s);
-            }
-            Err(e) => {
-                last = e.to_string();
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-    }
+        sock.connect_timeout(&SockAddr::from(addr), left.min(Duration::from_secs(5)))?;
+        Ok(sock.into())
+    })
+    .map_err(|e| {
+        Error::Bootstrap(format!(
+            "could not connect to rank {peer} at {addr}: {e}; check OXCCL_SOCKET_IFNAME and firewalls"
+        ))
+    })?;
+    let left = deadline
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_millis(1));
+    let _ = s.set_read_timeout(Some(left.min(DOOR_TIMEOUT)));
+    let _ = s.set_write_timeout(Some(left.min(DOOR_TIMEOUT)));
+    let hello = Hello::new(
+        Purpose::Tcp,
+        ctx.comm_id,
+        ctx.rank,
+        peer as u32,
+        ctx.nranks,
+        stream,
+    )?;
+    handshake::client(&mut s, &ctx.secret, &hello).map_err(|e| {
+        Error::Bootstrap(format!("rank {peer} at {addr} refused our connection: {e}"))
+    })?;
+    Ok(s)
 }
 
 impl Endpoint for TcpEndpoint {
