@@ -165,8 +165,15 @@ impl RecvWindow {
     }
 
     /// Credits to return now, if any (they are then counted as returned).
+    ///
+    /// Credits go back in batches of half the window: one credit message
+    /// per several data messages, while the sender still has the other half
+    /// of the slots to keep writing into. This cannot stall a sender: it
+    /// waits only with every slot unacknowledged, and once the receiver has
+    /// read them all (it reads in order, and those are the bytes it needs
+    /// next) at least a full window is due.
     pub fn take_credits(&mut self) -> Option<u32> {
-        if self.unreported == 0 {
+        if self.unreported < self.slots.div_ceil(2) {
             return None;
         }
         Some(std::mem::take(&mut self.unreported))
@@ -240,6 +247,11 @@ mod tests {
         assert_eq!(r.front(), Some((0, 4, 6)));
         assert_eq!(r.take_credits(), None, "nothing freed yet");
         r.consume(6);
+        assert_eq!(
+            r.take_credits(),
+            None,
+            "one slot is less than half the window"
+        );
         assert_eq!(r.front(), Some((1, 0, 100)));
         r.consume(100);
         assert!(r.is_empty());
@@ -316,5 +328,24 @@ mod tests {
             }
         }
         assert!(delivered > 1000, "the schedule made progress ({delivered})");
+        // Drain: deliver and read everything; the sender must be able to
+        // post again (batched credits never strand a full window).
+        while let Some((_, len)) = wire.pop_front() {
+            r.arrived(len).unwrap();
+        }
+        while let Some((_, _, left)) = r.front() {
+            r.consume(left);
+        }
+        if let Some(c) = r.take_credits() {
+            credits.push_back(c);
+        }
+        while let Some(c) = credits.pop_front() {
+            s.credit(c).unwrap();
+        }
+        while pending_completions > 0 {
+            s.completed().unwrap();
+            pending_completions -= 1;
+        }
+        assert!(s.can_post(), "sender stranded with everything read");
     }
 }
