@@ -97,7 +97,7 @@ USAGE: <collective>_perf
   [-J,--output_file <file>]              write results as JSON
   oxccl additions:
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
-  [--transport <auto|tcp>]               force a transport
+  [--transport <auto|tcp|shm|rdma>]      force a transport
   [--algo <auto|ring|oneshot>]           force the all_reduce algorithm
   [--registered]                         use communicator-registered buffers
   [--plot <file.svg>]                    bus bandwidth and time against size
