@@ -58,29 +58,34 @@ fi
 # 3. SIGKILL of a rank mid-transfer: every survivor reports PeerLost naming it.
 #    Ranks are started directly (oxrun would stop the survivors itself).
 port=29600
-for victim in 1 2; do
-  for mode in early mid; do
-    port=$((port + 1)); rm -f /tmp/f*.txt
-    for r in 0 1 2; do
-      OXCCL_ROOT=127.0.0.1:$port OXCCL_RANK=$r OXCCL_WORLD_SIZE=3 OXCCL_TRANSPORT=rdma OXCCL_TIMEOUT=60 \
-        timeout 90 oxccl-selftest fault all_reduce 8M $victim $mode >/tmp/f$r.txt 2>&1 &
-    done
-    wait
-    ok=1
-    for r in 0 1 2; do
-      [ $r = $victim ] && continue
-      line=$(grep '^ERROR' /tmp/f$r.txt)
-      set -- $line
-      if [ "$4" = "$victim" ] && [ "$5" = PeerLost ]; then
-        died=$(awk '/^DYING/ {print $3}' /tmp/f$victim.txt)
-        echo "    rank $r: PeerLost naming rank $victim after $(( $3 - died )) ms: $(grep '^DETAIL' /tmp/f$r.txt | cut -c1-160)"
-      else
-        ok=0; show /tmp/f$r.txt
-      fi
-    done
-    [ $ok = 1 ] && pass "SIGKILL of rank $victim ($mode): survivors report PeerLost naming it" || fail "SIGKILL of rank $victim ($mode)"
+kill_check() {  # KIND VICTIM MODE
+  kind=$1; victim=$2; mode=$3
+  port=$((port + 1)); rm -f /tmp/f*.txt
+  for r in 0 1 2; do
+    OXCCL_ROOT=127.0.0.1:$port OXCCL_RANK=$r OXCCL_WORLD_SIZE=3 OXCCL_TRANSPORT=rdma OXCCL_TIMEOUT=60 \
+      timeout 90 oxccl-selftest fault $kind 8M $victim $mode >/tmp/f$r.txt 2>&1 &
   done
+  wait
+  ok=1
+  died=$(awk '/^DYING/ {print $3}' /tmp/f$victim.txt)
+  for r in 0 1 2; do
+    [ $r = $victim ] && continue
+    # ERROR <rank> <epoch ms> <blamed rank> <kind of error>
+    read -r _ _ at blamed what <<EOT
+$(grep '^ERROR' /tmp/f$r.txt)
+EOT
+    if [ "$blamed" = "$victim" ] && [ "$what" = PeerLost ]; then
+      echo "    rank $r: PeerLost naming rank $victim after $((at - died)) ms: $(grep '^DETAIL' /tmp/f$r.txt | cut -c1-160)"
+    else
+      ok=0; show /tmp/f$r.txt
+    fi
+  done
+  [ $ok = 1 ] && pass "SIGKILL of rank $victim in $kind ($mode): survivors report PeerLost naming it" || fail "SIGKILL of rank $victim in $kind ($mode)"
+}
+for victim in 1 2; do
+  for mode in early mid; do kill_check all_reduce $victim $mode; done
 done
+for kind in all_gather reduce_scatter broadcast send_recv; do kill_check $kind 1 mid; done
 
 # 4. The benchmark over RDMA, every element checked (#wrong 0, exit 0).
 oxrun -n 2 --no-prefix all_reduce_perf --transport rdma -b 8 -e 16M -f 4 -c 1 -n 5 -w 2 >/tmp/perf.txt 2>&1
