@@ -104,6 +104,13 @@ else
   fail "zero-copy from registered buffers"; show /tmp/zc.txt 20
 fi
 
+oxrun -n 2 sh -c 'OXCCL_DEBUG=debug OXCCL_HOSTID=h$OXCCL_RANK exec oxccl-selftest registered-memory 4M' >/tmp/rm.txt 2>&1
+if [ $? = 0 ] && grep -q "registration active: true" /tmp/rm.txt && grep -q "first zero-copy send" /tmp/rm.txt; then
+  pass "zero-copy from register_memory'd Vecs (overlap refused), exact"
+else
+  fail "register_memory"; show /tmp/rm.txt 20
+fi
+
 # 6. Many small checked calls and a random soak (flow control under load).
 OXCCL_TRANSPORT=rdma oxrun -n 3 oxccl-selftest soak 400 11 >/tmp/soak.txt 2>&1 && pass "soak, 400 random calls on 3 ranks" || { fail "soak"; show /tmp/soak.txt; }
 OXCCL_TRANSPORT=rdma oxrun -n 4 oxccl-selftest small 2000 >/tmp/small.txt 2>&1 && { pass "2000 small all_reduces on 4 ranks"; show /tmp/small.txt 2; } || { fail "small"; show /tmp/small.txt; }

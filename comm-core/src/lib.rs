@@ -34,7 +34,7 @@ pub use config::Config;
 pub use error::{Error, Result};
 pub use id::UniqueId;
 pub use kernels::{bf16, f16};
-pub use registered::SharedBuffer;
+pub use registered::{MemoryRegistration, SharedBuffer};
 pub use transport::{
     Endpoint, Link, PeerInfo, Registration, Registry, SetupCtx, Transport, Transports,
 };

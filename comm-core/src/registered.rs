@@ -168,7 +168,49 @@ impl<T: Element> DerefMut for SharedBuffer<T> {
     }
 }
 
+/// User memory registered with the communicator's transports for
+/// zero-copy sends (see [`Communicator::register_memory`]); unregistered
+/// when dropped.
+#[must_use = "the memory is unregistered when this is dropped"]
+pub struct MemoryRegistration {
+    _regs: Vec<crate::transport::Registration>,
+}
+
+impl MemoryRegistration {
+    /// Whether some transport registered the memory (false when none can
+    /// send straight from memory, e.g. without RDMA: then this is a no-op).
+    pub fn is_active(&self) -> bool {
+        !self._regs.is_empty()
+    }
+}
+
 impl Communicator {
+    /// Register `buf` with the transports that can send straight from user
+    /// memory (RDMA, like `ncclCommRegister`): large sends from it then go
+    /// zero-copy instead of through bounce buffers. Local (not collective),
+    /// and a no-op on transports without such a path. Registering the same
+    /// buffer again only counts a reference.
+    ///
+    /// # Safety
+    /// `buf`'s memory must stay allocated, and must not be freed and reused
+    /// for something else, until the returned registration is dropped: the
+    /// device keeps the *pages* it pinned now, so data written into a
+    /// reallocation at the same address would not be what it sends.
+    /// (`alloc_shared` buffers are registered safely by construction.)
+    pub unsafe fn register_memory<T: Element>(&self, buf: &[T]) -> Result<MemoryRegistration> {
+        let (addr, len) = (buf.as_ptr() as usize, std::mem::size_of_val(buf));
+        if len == 0 {
+            return Ok(MemoryRegistration { _regs: Vec::new() });
+        }
+        let regs = self
+            .inner
+            .registries
+            .iter()
+            .map(|r| crate::transport::Registration::new(r.clone(), addr, len))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MemoryRegistration { _regs: regs })
+    }
+
     /// Allocate `len` zeroed elements every rank of this host can read
     /// directly (collective: every rank calls it, in the same order, with
     /// the same `len`). On a one-host communicator, all_reduce over such

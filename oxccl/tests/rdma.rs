@@ -75,3 +75,21 @@ fn peers_on_other_hosts_fall_back_to_tcp() {
         assert!(v.iter().all(|x| *x == 6.0));
     }
 }
+
+#[test]
+fn registering_memory_without_rdma_is_a_harmless_no_op() {
+    if device_present() {
+        return;
+    }
+    let ok = with_ranks(2, test_config(), |c| {
+        let mut v = vec![c.rank() as i32; 10_000];
+        // SAFETY: `v` outlives the registration (dropped at the end of the
+        // closure, after `reg`).
+        let reg = unsafe { c.register_memory(&v) }.unwrap();
+        assert!(!reg.is_active(), "no transport here sends from registered memory");
+        c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        drop(reg);
+        v.iter().all(|x| *x == 1)
+    });
+    assert!(ok.iter().all(|b| *b));
+}

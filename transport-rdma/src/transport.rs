@@ -259,8 +259,9 @@ impl Registry for CacheRegistry {
             Mr::register(&self.pd, addr as *mut u8, len)
         });
         r.map_err(|e| match e {
-            InsertError::Overlap => Error::System(format!(
-                "RDMA registration of {len} bytes at {addr:#x} overlaps another one"
+            InsertError::Overlap => Error::invalid(format!(
+                "registering {len} bytes at {addr:#x}: the range partly overlaps memory \
+                 registered before (register whole buffers, each once)"
             )),
             InsertError::Register(e) => Error::System(format!(
                 "registering {len} bytes with RDMA device {}: {e} (check `ulimit -l`)",
