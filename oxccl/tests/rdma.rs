@@ -86,7 +86,10 @@ fn registering_memory_without_rdma_is_a_harmless_no_op() {
         // SAFETY: `v` outlives the registration (dropped at the end of the
         // closure, after `reg`).
         let reg = unsafe { c.register_memory(&v) }.unwrap();
-        assert!(!reg.is_active(), "no transport here sends from registered memory");
+        assert!(
+            !reg.is_active(),
+            "no transport here sends from registered memory"
+        );
         c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
         drop(reg);
         v.iter().all(|x| *x == 1)

@@ -186,10 +186,11 @@ impl RdmaLink {
                 WR_CREDIT => "SEND WITH IMMEDIATE (credit)",
                 _ => "RECV",
             };
-            // The peer stopped answering (died, or its QP is gone): a lost
-            // peer. Anything else is a precise transport error.
-            // A dying process's memory and QP vanish in no set order, so a
-            // peer whose setup socket hung up is lost whatever the status.
+            // Retries exhausted or flushed: the peer stopped answering (died,
+            // or its QP is gone), so it is lost. A dying process's memory and
+            // QP vanish in no set order, so a peer whose setup socket hung
+            // up is lost whatever the status. Anything else is a precise
+            // transport error.
             let kind = match status {
                 ibv_wc_status::IBV_WC_RETRY_EXC_ERR
                 | ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR
