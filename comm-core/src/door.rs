@@ -50,6 +50,43 @@ pub fn accept_until<C: Send + 'static>(
     }
 }
 
+/// A listener's accept thread, stopped when this is dropped (or closed):
+/// what a transport endpoint holds for as long as it accepts peers.
+pub struct Door {
+    stop: Arc<AtomicBool>,
+}
+
+impl Door {
+    /// Start accepting on a thread named `{name}-accept`: `accept` returns
+    /// the next connection (`WouldBlock` when none waits on the non-blocking
+    /// listener `fd`), and `admit` runs for each on a `{name}-door` thread.
+    pub fn open<C: Send + 'static>(
+        name: &str,
+        fd: RawFd,
+        accept: impl FnMut() -> std::io::Result<C> + Send + 'static,
+        admit: impl Fn(C) + Send + Sync + Clone + 'static,
+    ) -> Result<Door> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stop2, door_name) = (stop.clone(), format!("{name}-door"));
+        std::thread::Builder::new()
+            .name(format!("{name}-accept"))
+            .spawn(move || accept_until(&door_name, fd, &stop2, accept, admit))
+            .map_err(|e| Error::Bootstrap(format!("spawning the {name} accept thread: {e}")))?;
+        Ok(Door { stop })
+    }
+
+    /// Stop accepting (the thread ends within 200 ms).
+    pub fn close(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Door {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 /// The dialing side's retry: call `attempt` with the time left until it
 /// succeeds or `deadline` passes (the peer's listener may not be up yet),
 /// 10 ms apart. At the deadline: the last error, in words.

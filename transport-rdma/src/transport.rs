@@ -7,6 +7,7 @@ use crate::exchange::{self, QpEndpoint};
 use crate::link::{self, Parts, RdmaLink, Slots};
 use crate::regcache::{InsertError, RegCache};
 use crate::verbs::{Context, Cq, Mr, PathInfo, Pd, Qp, QpSettings};
+use comm_core::door::Door;
 use comm_core::handshake::{self, Hello, Purpose};
 use comm_core::transport::{Endpoint, Link, Registry, SetupCtx, Transport};
 use comm_core::wire;
@@ -14,8 +15,7 @@ use comm_core::{Error, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -138,42 +138,32 @@ impl RdmaTransport {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::Bootstrap(e.to_string()))?;
-        let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = channel();
-        let (stop2, setup2) = (stop.clone(), setup.clone());
-        std::thread::Builder::new()
-            .name("oxccl-rdma-accept".into())
-            .spawn(move || accept_loop(listener, setup2, tx, stop2))
-            .map_err(|e| Error::Bootstrap(format!("spawning rdma acceptor: {e}")))?;
+        let setup2 = setup.clone();
+        let door = Door::open(
+            "oxccl-rdma",
+            listener.as_raw_fd(),
+            move || listener.accept(),
+            move |(s, from): (TcpStream, SocketAddr)| match admit(s, &setup2) {
+                Ok(link) => {
+                    let _ = tx.send(link);
+                }
+                Err(e) => tracing::warn!(
+                    "oxccl rdma: rank {} rejected a connection from {from}: {e}",
+                    setup2.ctx.rank
+                ),
+            },
+        )?;
         Ok(RdmaEndpoint {
             local,
             setup,
             incoming: rx,
-            stop,
+            door,
         })
     }
 }
 
 type Incoming = (usize, RdmaLink);
-
-fn accept_loop(l: TcpListener, setup: Arc<Setup>, tx: Sender<Incoming>, stop: Arc<AtomicBool>) {
-    let fd = l.as_raw_fd();
-    comm_core::door::accept_until(
-        "oxccl-rdma-door",
-        fd,
-        &stop,
-        || l.accept(),
-        move |(s, from): (TcpStream, SocketAddr)| match admit(s, &setup) {
-            Ok(link) => {
-                let _ = tx.send(link);
-            }
-            Err(e) => tracing::warn!(
-                "oxccl rdma: rank {} rejected a connection from {from}: {e}",
-                setup.ctx.rank
-            ),
-        },
-    );
-}
 
 /// Accept side: check the handshake, then connect the pair.
 fn admit(mut s: TcpStream, setup: &Setup) -> Result<Incoming> {
@@ -191,13 +181,7 @@ struct RdmaEndpoint {
     local: SocketAddr,
     setup: Arc<Setup>,
     incoming: Receiver<Incoming>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for RdmaEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
+    door: Door,
 }
 
 impl Endpoint for RdmaEndpoint {
@@ -228,7 +212,7 @@ impl Endpoint for RdmaEndpoint {
             },
             &self.incoming,
         )?;
-        self.stop.store(true, Ordering::Relaxed);
+        self.door.close();
         Ok(links
             .into_iter()
             .map(|(p, l)| (p, Box::new(l) as Box<dyn Link>))

@@ -40,9 +40,11 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Wait (as the executor does) until `f` stops saying WouldBlock.
-fn drive<T>(
+/// Wait (as the executor does) until `f` stops saying WouldBlock: arm the
+/// link, then sleep in poll(2) on its fd for up to `sleep_ms` at a time.
+fn wait_for<T>(
     link: &mut RdmaLink,
+    sleep_ms: i32,
     mut f: impl FnMut(&mut RdmaLink) -> std::io::Result<T>,
 ) -> std::io::Result<T> {
     let until = Instant::now() + Duration::from_secs(20);
@@ -57,12 +59,20 @@ fn drive<T>(
                         revents: 0,
                     };
                     // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut p, 1, 100) };
+                    unsafe { libc::poll(&mut p, 1, sleep_ms) };
                 }
             }
             r => return r,
         }
     }
+}
+
+/// [`wait_for`] with short sleeps.
+fn drive<T>(
+    link: &mut RdmaLink,
+    f: impl FnMut(&mut RdmaLink) -> std::io::Result<T>,
+) -> std::io::Result<T> {
+    wait_for(link, 100, f)
 }
 
 #[test]
@@ -205,23 +215,10 @@ fn a_waiting_reader_sleeps_on_the_completion_channel() {
     // As the executor waits: arm, then sleep in poll(2) on the link's fd,
     // with a timeout far longer than the writer's delay, so only the
     // completion event can end the sleep in time.
-    let n = loop {
-        match b.read(0, &mut [IoSliceMut::new(&mut buf)]) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if !b.arm(0, true, false) {
-                    let mut p = libc::pollfd {
-                        fd: b.fd(0),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut p, 1, 20_000) };
-                }
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let n = wait_for(&mut b, 20_000, |l| {
+        l.read(0, &mut [IoSliceMut::new(&mut buf)])
+    })
+    .unwrap();
     let (cpu, wall) = (thread_cpu() - cpu0, t0.elapsed());
     let _a = writer.join().unwrap();
     println!("waited {wall:?} using {cpu:?} of CPU");

@@ -16,6 +16,7 @@
 pub mod ring;
 mod sys;
 
+use comm_core::door::Door;
 use comm_core::handshake::{self, Hello, Purpose};
 use comm_core::transport::{Endpoint, Link, SetupCtx, Transport};
 use comm_core::{Error, Result};
@@ -24,9 +25,7 @@ use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Arc;
+use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 const DOOR_TIMEOUT: Duration = Duration::from_secs(10);
@@ -72,45 +71,35 @@ impl Transport for ShmTransport {
             .map_err(|e| Error::Bootstrap(format!("shm listen: {e}")))?;
         l.set_nonblocking(true)
             .map_err(|e| Error::Bootstrap(e.to_string()))?;
-        let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = channel();
-        let (stop2, ctx2) = (stop.clone(), ctx.clone());
-        std::thread::Builder::new()
-            .name("oxccl-shm-accept".into())
-            .spawn(move || accept_loop(l, ctx2, tx, stop2))
-            .map_err(|e| Error::Bootstrap(format!("spawning shm acceptor: {e}")))?;
+        let ctx2 = ctx.clone();
+        let door = Door::open(
+            "oxccl-shm",
+            l.as_raw_fd(),
+            move || l.accept().map(|(s, _)| s),
+            move |s| {
+                // Unix sockets have no address: name the peer by its process.
+                let who = sys::peer_process(&s);
+                match admit(s, &ctx2) {
+                    Ok(link) => {
+                        let _ = tx.send(link);
+                    }
+                    Err(e) => tracing::warn!(
+                        "oxccl shm: rank {} rejected a connection from {who}: {e}",
+                        ctx2.rank
+                    ),
+                }
+            },
+        )?;
         Ok(Box::new(ShmEndpoint {
             name,
             incoming: rx,
-            stop,
+            _door: door,
         }))
     }
 }
 
 type Incoming = (usize, Box<dyn Link>);
-
-fn accept_loop(l: UnixListener, ctx: SetupCtx, tx: Sender<Incoming>, stop: Arc<AtomicBool>) {
-    let fd = l.as_raw_fd();
-    comm_core::door::accept_until(
-        "oxccl-shm-door",
-        fd,
-        &stop,
-        || l.accept().map(|(s, _)| s),
-        move |s| {
-            // Unix sockets have no address: name the peer by its process.
-            let who = sys::peer_process(&s);
-            match admit(s, &ctx) {
-                Ok(link) => {
-                    let _ = tx.send(link);
-                }
-                Err(e) => tracing::warn!(
-                    "oxccl shm: rank {} rejected a connection from {who}: {e}",
-                    ctx.rank
-                ),
-            }
-        },
-    );
-}
 
 /// Accept side: check the handshake, receive the segment and eventfds.
 fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
@@ -149,13 +138,7 @@ fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
 struct ShmEndpoint {
     name: String,
     incoming: Receiver<Incoming>,
-    stop: Arc<AtomicBool>,
-}
-
-impl Drop for ShmEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
+    _door: Door,
 }
 
 impl Endpoint for ShmEndpoint {

@@ -8,6 +8,7 @@
 //! executor; sends use `MSG_NOSIGNAL` so a dead peer is an error, never a
 //! `SIGPIPE`.
 
+use comm_core::door::Door;
 use comm_core::handshake::{self, Hello, Purpose};
 use comm_core::transport::{Endpoint, Link, SetupCtx, Transport};
 use comm_core::{Error, Result};
@@ -56,41 +57,25 @@ impl Transport for TcpTransport {
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::Bootstrap(e.to_string()))?;
-        let stop = Arc::new(AtomicBool::new(false));
         let complete = Arc::new(AtomicBool::new(false));
         let (tx, rx) = channel();
-        let (stop2, complete2, ctx2) = (stop.clone(), complete.clone(), ctx.clone());
-        std::thread::Builder::new()
-            .name("oxccl-tcp-accept".into())
-            .spawn(move || accept_loop(listener, ctx2, tx, stop2, complete2))
-            .map_err(|e| Error::Bootstrap(format!("spawning tcp acceptor: {e}")))?;
+        let (complete2, ctx2) = (complete.clone(), ctx.clone());
+        let door = Door::open(
+            "oxccl-tcp",
+            listener.as_raw_fd(),
+            move || listener.accept(),
+            move |(s, peer_addr)| admit(s, peer_addr, &ctx2, &tx, &complete2),
+        )?;
         Ok(Box::new(TcpEndpoint {
             local,
             incoming: rx,
-            stop,
+            _door: door,
             complete,
         }))
     }
 }
 
 type Incoming = (usize, usize, TcpStream);
-
-fn accept_loop(
-    l: TcpListener,
-    ctx: SetupCtx,
-    tx: Sender<Incoming>,
-    stop: Arc<AtomicBool>,
-    complete: Arc<AtomicBool>,
-) {
-    let fd = l.as_raw_fd();
-    comm_core::door::accept_until(
-        "oxccl-tcp-door",
-        fd,
-        &stop,
-        || l.accept(),
-        move |(s, peer_addr)| admit(s, peer_addr, &ctx, &tx, &complete),
-    );
-}
 
 /// Run the server handshake for one incoming connection.
 fn admit(
@@ -132,14 +117,8 @@ fn admit(
 struct TcpEndpoint {
     local: SocketAddr,
     incoming: Receiver<Incoming>,
-    stop: Arc<AtomicBool>,
+    _door: Door,
     complete: Arc<AtomicBool>,
-}
-
-impl Drop for TcpEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-    }
 }
 
 fn encode_addr(a: &SocketAddr) -> Vec<u8> {
