@@ -12,11 +12,12 @@ show() { sed 's/^/    | /' "$1" | tail -${2:-8}; }
 ibv_devinfo -l | grep -q rxe0 && pass "rxe0 is a verbs device" || fail "no rxe0"
 
 # 0. Link-level tests (transport-rdma/tests/verbs.rs): stream integrity and
-#    the credit window, zero-copy from registered memory, a closed peer, and
-#    a failed work completion naming the verb and status.
+#    the credit window, zero-copy from registered memory, a closed peer, a
+#    failed work completion naming the verb and status, sleeping on the
+#    completion channel, strangers at the setup port.
 rdma-link-tests --test-threads=1 --nocapture >/tmp/lt.txt 2>&1
-if [ $? = 0 ] && grep -q "test result: ok. 5 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
-  pass "link tests (5) on rxe0"; grep -E "window full|after .*:|waited" /tmp/lt.txt | sed 's/^/    | /'
+if [ $? = 0 ] && grep -q "test result: ok. 6 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
+  pass "link tests (6) on rxe0"; grep -E "window full|after .*:|waited" /tmp/lt.txt | sed 's/^/    | /'
 else
   fail "link tests"; show /tmp/lt.txt 30
 fi

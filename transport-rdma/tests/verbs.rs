@@ -4,9 +4,11 @@
 //! device; the tests drive the links by hand, as the executor does.
 #![cfg(feature = "verbs")]
 
-use comm_core::transport::{Link, Registry};
+use comm_core::handshake::{self, Hello, Purpose, Secret};
+use comm_core::transport::{Link, Registry, SetupCtx, Transport};
 use comm_core::Config;
-use std::io::{ErrorKind, IoSlice, IoSliceMut};
+use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_rdma::link::RdmaLink;
@@ -158,7 +160,7 @@ fn registered_memory_is_sent_zero_copy() {
 }
 
 #[test]
-fn a_closed_peer_ends_the_stream_and_fails_writes_naming_the_verb() {
+fn a_closed_peer_ends_the_stream_and_fails_writes() {
     let Some(t) = transport() else { return };
     let (mut a, b, _reg) = pair(&t, 1 << 20);
     drop(b); // QP to error, socket closed: what a dead process leaves
@@ -228,4 +230,85 @@ fn a_waiting_reader_sleeps_on_the_completion_channel() {
         "the completion event did not wake the reader"
     );
     assert!(cpu < wall / 4, "the wait burned {cpu:?} of CPU in {wall:?}");
+}
+
+/// The server closes on us (EOF or reset) instead of going on.
+fn closed_by_server(mut s: TcpStream) -> bool {
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut b = [0u8; 64];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => continue, // a challenge may come before the close
+        }
+    }
+}
+
+#[test]
+fn strangers_at_the_setup_port_are_refused_while_the_pair_connects() {
+    let Some(t) = transport() else { return };
+    let secret = Secret::random().unwrap();
+    let ctx = |rank| SetupCtx {
+        comm_id: 42,
+        secret,
+        rank,
+        nranks: 2,
+        config: Config::default(),
+        bind_addr: "127.0.0.1".parse().unwrap(),
+    };
+    let (c0, c1) = (ctx(0), ctx(1));
+    let mut e0 = t.listen(&c0).unwrap();
+    let a0 = e0.address();
+    let door: SocketAddr = std::str::from_utf8(&a0).unwrap().parse().unwrap();
+    let open = || {
+        let s = TcpStream::connect(door).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    };
+    let as_rank1 = |purpose, comm_id| Hello::new(purpose, comm_id, 1, 0, 2, 0).unwrap();
+    // A wrong secret.
+    let wrong = Secret::random().unwrap();
+    assert!(handshake::client(&mut open(), &wrong, &as_rank1(Purpose::Rdma, 42)).is_err());
+    // The right secret for another communicator, and for another transport.
+    assert!(handshake::client(&mut open(), &secret, &as_rank1(Purpose::Rdma, 43)).is_err());
+    assert!(handshake::client(&mut open(), &secret, &as_rank1(Purpose::Tcp, 42)).is_err());
+    // Random bytes.
+    let mut s = open();
+    s.write_all(&[0x5a; 64]).unwrap();
+    assert!(closed_by_server(s), "random bytes not refused");
+    // A valid handshake followed by a garbage endpoint: no link is made.
+    let mut s = open();
+    handshake::client(&mut s, &secret, &as_rank1(Purpose::Rdma, 42)).unwrap();
+    comm_core::wire::write_frame(&mut s, b"not an endpoint").unwrap();
+    assert!(closed_by_server(s), "a garbage endpoint was not refused");
+    // A stranger that connects and says nothing (kept open meanwhile).
+    let _silent = open();
+    // The real rank 1 still connects, and the link carries bytes.
+    let mut e1 = t.listen(&c1).unwrap();
+    let a1 = e1.address();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let h = std::thread::spawn(move || {
+        let mut l = e1.connect(&c1, &[(0, a0)], deadline).unwrap();
+        assert_eq!(l.len(), 1);
+        (e1, l.pop().unwrap().1)
+    });
+    let mut l0 = e0.connect(&c0, &[(1, a1)], deadline).unwrap();
+    let (_e1, mut l1) = h.join().unwrap();
+    assert_eq!((l0.len(), l0[0].0), (1, 1));
+    let mut l0 = l0.pop().unwrap().1;
+    assert_eq!(l0.write(0, &[IoSlice::new(b"ping")]).unwrap(), 4);
+    let mut buf = [0u8; 4];
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut got = 0;
+    while got < 4 {
+        match l1.read(0, &mut [IoSliceMut::new(&mut buf[got..])]) {
+            Ok(n) => got += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                assert!(Instant::now() < until, "nothing arrived");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(&buf, b"ping");
 }
