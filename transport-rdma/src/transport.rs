@@ -57,6 +57,52 @@ impl RdmaTransport {
         &self.dev.name
     }
 
+    /// Start one communicator's endpoint: protection domain, registration
+    /// cache, setup listener and its accept thread.
+    fn listen_endpoint(&self, ctx: &SetupCtx) -> Result<RdmaEndpoint> {
+        let pd = Pd::new(self.dev.ctx.clone())
+            .map_err(|e| Error::System(format!("RDMA device {}: {e}", self.dev.name)))?;
+        let setup = Arc::new(Setup {
+            ctx: ctx.clone(),
+            dev: self.dev.clone(),
+            pd,
+            cache: Arc::new(RegCache::default()),
+            // A quarter of a pipeline chunk per slot: a chunk spans several
+            // slots, so its writes overlap the peer's reads.
+            slot_bytes: (ctx.config.chunk_bytes / 4).clamp(16 << 10, 4 << 20) as u32,
+        });
+        let listener = TcpListener::bind(SocketAddr::new(ctx.bind_addr, 0))
+            .map_err(|e| Error::Bootstrap(format!("rdma setup listener: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|e| Error::Bootstrap(e.to_string()))?;
+        let (tx, rx) = channel();
+        let setup2 = setup.clone();
+        let door = Door::open(
+            "oxccl-rdma",
+            listener.as_raw_fd(),
+            move || listener.accept(),
+            move |(s, from): (TcpStream, SocketAddr)| match admit(s, &setup2) {
+                Ok(link) => {
+                    let _ = tx.send(link);
+                }
+                Err(e) => tracing::warn!(
+                    "oxccl rdma: rank {} rejected a connection from {from}: {e}",
+                    setup2.ctx.rank
+                ),
+            },
+        )?;
+        Ok(RdmaEndpoint {
+            local,
+            setup,
+            incoming: rx,
+            door,
+        })
+    }
+
     /// Two linked ends in this process (rank 0's link to rank 1 and rank
     /// 1's to rank 0) over the device, through the regular setup on
     /// 127.0.0.1, plus rank 0's registry: for tests and benchmarks that
@@ -112,54 +158,6 @@ impl Transport for RdmaTransport {
 
     fn listen(&self, ctx: &SetupCtx) -> Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.listen_endpoint(ctx)?))
-    }
-}
-
-impl RdmaTransport {
-    /// Start one communicator's endpoint: protection domain, registration
-    /// cache, setup listener and its accept thread.
-    fn listen_endpoint(&self, ctx: &SetupCtx) -> Result<RdmaEndpoint> {
-        let pd = Pd::new(self.dev.ctx.clone())
-            .map_err(|e| Error::System(format!("RDMA device {}: {e}", self.dev.name)))?;
-        let setup = Arc::new(Setup {
-            ctx: ctx.clone(),
-            dev: self.dev.clone(),
-            pd,
-            cache: Arc::new(RegCache::default()),
-            // A quarter of a pipeline chunk per slot: a chunk spans several
-            // slots, so its writes overlap the peer's reads.
-            slot_bytes: (ctx.config.chunk_bytes / 4).clamp(16 << 10, 4 << 20) as u32,
-        });
-        let listener = TcpListener::bind(SocketAddr::new(ctx.bind_addr, 0))
-            .map_err(|e| Error::Bootstrap(format!("rdma setup listener: {e}")))?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| Error::Bootstrap(e.to_string()))?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|e| Error::Bootstrap(e.to_string()))?;
-        let (tx, rx) = channel();
-        let setup2 = setup.clone();
-        let door = Door::open(
-            "oxccl-rdma",
-            listener.as_raw_fd(),
-            move || listener.accept(),
-            move |(s, from): (TcpStream, SocketAddr)| match admit(s, &setup2) {
-                Ok(link) => {
-                    let _ = tx.send(link);
-                }
-                Err(e) => tracing::warn!(
-                    "oxccl rdma: rank {} rejected a connection from {from}: {e}",
-                    setup2.ctx.rank
-                ),
-            },
-        )?;
-        Ok(RdmaEndpoint {
-            local,
-            setup,
-            incoming: rx,
-            door,
-        })
     }
 }
 
