@@ -230,12 +230,21 @@ impl Communicator {
             st.shared_allocs += 1;
             Ok(st.shared_allocs)
         })?;
-        let _registered = self
-            .inner
-            .registries
-            .iter()
-            .map(|r| crate::transport::Registration::new(r.clone(), own.ptr() as usize, bytes))
-            .collect::<Result<Vec<_>>>()?;
+        // For zero-copy sends to other hosts (RDMA). Optional: memory that
+        // cannot be registered (e.g. `ulimit -l`) still works through bounce
+        // buffers, and failing here, before the collective exchange below,
+        // would leave the other ranks waiting.
+        let mut _registered = Vec::new();
+        if !zero_copy {
+            for r in &self.inner.registries {
+                match crate::transport::Registration::new(r.clone(), own.ptr() as usize, bytes) {
+                    Ok(reg) => _registered.push(reg),
+                    Err(e) => tracing::warn!(
+                        "oxccl: alloc_shared: {e}; this buffer is sent through bounce buffers"
+                    ),
+                }
+            }
+        }
         let mut buf = SharedBuffer {
             _registered,
             own,

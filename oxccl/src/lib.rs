@@ -75,7 +75,12 @@ pub fn transports(config: &Config) -> Result<Transports> {
     };
     let mut list: Vec<Arc<dyn comm_core::transport::Transport>> =
         vec![Arc::new(TcpTransport), Arc::new(ShmTransport)];
-    let has_rdma = match rdma_transport(forced == Some(RDMA))? {
+    // Forced tcp or shm never uses RDMA: do not even open a device.
+    let rdma = match forced {
+        None | Some(RDMA) => rdma_transport(forced == Some(RDMA))?,
+        Some(_) => None,
+    };
+    let has_rdma = match rdma {
         Some(t) => {
             list.push(t);
             true
