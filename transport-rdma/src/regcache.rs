@@ -13,6 +13,7 @@
 //! without a device.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 struct Entry<R> {
@@ -24,12 +25,17 @@ struct Entry<R> {
 /// Registered ranges by start address.
 pub struct RegCache<R> {
     map: Mutex<BTreeMap<usize, Entry<R>>>,
+    /// Ranges registered (written under the lock): every large send looks
+    /// up the cache, and most jobs register nothing, so an empty cache
+    /// answers without taking the lock.
+    ranges: AtomicUsize,
 }
 
 impl<R> Default for RegCache<R> {
     fn default() -> Self {
         RegCache {
             map: Mutex::new(BTreeMap::new()),
+            ranges: AtomicUsize::new(0),
         }
     }
 }
@@ -67,6 +73,7 @@ impl<R> RegCache<R> {
                 region: Arc::new(region),
             },
         );
+        self.ranges.store(map.len(), Ordering::Release);
         Ok(())
     }
 
@@ -80,6 +87,7 @@ impl<R> RegCache<R> {
                 e.refs -= 1;
                 if e.refs == 0 {
                     map.remove(&addr);
+                    self.ranges.store(map.len(), Ordering::Release);
                 }
                 true
             }
@@ -89,6 +97,9 @@ impl<R> RegCache<R> {
 
     /// The region containing all of `[addr, addr+len)`, if registered.
     pub fn lookup(&self, addr: usize, len: usize) -> Option<Arc<R>> {
+        if self.ranges.load(Ordering::Acquire) == 0 {
+            return None;
+        }
         let map = self.map.lock().unwrap();
         let (&a, e) = map.range(..=addr).next_back()?;
         (addr + len <= a + e.len).then(|| e.region.clone())
@@ -96,7 +107,7 @@ impl<R> RegCache<R> {
 
     /// Number of registered ranges.
     pub fn len(&self) -> usize {
-        self.map.lock().unwrap().len()
+        self.ranges.load(Ordering::Acquire)
     }
 
     pub fn is_empty(&self) -> bool {

@@ -79,12 +79,7 @@ pub fn send_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> Result<()> {
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE(std::mem::size_of_val(fds) as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
-    // SAFETY: zeroed msghdr is valid; every pointer set below outlives the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
+    let msg = msghdr(&mut iov, &mut cbuf, space);
     // SAFETY: the control buffer has room for one header with `fds`.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
@@ -104,6 +99,18 @@ pub fn send_fds(s: &UnixStream, data: &[u8], fds: &[RawFd]) -> Result<()> {
     Ok(())
 }
 
+/// A message header over one `iov` and the control buffer `cbuf` (of
+/// `space` bytes); both must outlive the call that uses it.
+fn msghdr(iov: &mut libc::iovec, cbuf: &mut [u64], space: usize) -> libc::msghdr {
+    // SAFETY: an all-zero msghdr is a valid empty header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    msg
+}
+
 /// Receive up to `buf.len()` bytes and exactly `nfds` fds.
 pub fn recv_fds(s: &UnixStream, buf: &mut [u8], nfds: usize) -> Result<(usize, Vec<OwnedFd>)> {
     assert!(nfds <= MAX_FDS);
@@ -115,12 +122,7 @@ pub fn recv_fds(s: &UnixStream, buf: &mut [u8], nfds: usize) -> Result<(usize, V
     let space =
         unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];
-    // SAFETY: zeroed msghdr is valid; pointers outlive the call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-    msg.msg_controllen = space as _;
+    let mut msg = msghdr(&mut iov, &mut cbuf, space);
     // SAFETY: msg is fully initialised; CMSG_CLOEXEC keeps fds from leaking to children.
     let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
