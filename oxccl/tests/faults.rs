@@ -108,13 +108,7 @@ fn fault_matrix_shm() {
 fn a_stopped_peer_is_a_timeout_naming_it_on_every_survivor() {
     for transport in ["tcp", "shm"] {
         let mut kids = common::spawn_selftest(N, &["loop", "1M"], transport, 2);
-        let mut readers: Vec<_> = kids
-            .iter_mut()
-            .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
-            .collect();
-        for r in readers.iter_mut() {
-            while !r.next().unwrap().unwrap().starts_with("RUNNING") {}
-        }
+        let mut readers = common::wait_running(&mut kids);
         let victim = 2;
         let stopped_at = std::time::Instant::now();
         // SAFETY: signalling our own child.

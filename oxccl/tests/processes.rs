@@ -3,7 +3,6 @@
 //! SIGKILL of a rank in the middle of a long all_reduce.
 
 mod common;
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -125,19 +124,8 @@ fn sigkill_mode_test(mode: &str, transport: &str) {
     for victim in [0usize, 1, 3] {
         let n = 4;
         let mut kids = spawn_mode(n, mode, "32M", transport);
-        let mut readers: Vec<_> = kids
-            .iter_mut()
-            .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
-            .collect();
         // Wait until every rank completed one all_reduce.
-        for r in readers.iter_mut() {
-            loop {
-                let l = r.next().expect("rank output").unwrap();
-                if l.starts_with("RUNNING") {
-                    break;
-                }
-            }
-        }
+        let mut readers = common::wait_running(&mut kids);
         std::thread::sleep(Duration::from_millis(150)); // in the middle of a later one
         let killed_at = now_ms();
         // SAFETY: signalling our own child.
@@ -198,13 +186,7 @@ fn shared_memory_leaves_nothing_in_dev_shm_after_exit_or_sigkill() {
     assert_eq!(dev_shm(), before, "a normal exit left files in /dev/shm");
     // SIGKILL of every rank in the middle of traffic.
     let mut kids = spawn_loop(4, "8M", "shm");
-    let mut readers: Vec<_> = kids
-        .iter_mut()
-        .map(|k| BufReader::new(k.stdout.take().unwrap()).lines())
-        .collect();
-    for r in readers.iter_mut() {
-        while !r.next().unwrap().unwrap().starts_with("RUNNING") {}
-    }
+    let _readers = common::wait_running(&mut kids);
     // The segments are memfds: visible in the maps as deleted files, never in /dev/shm.
     let maps = std::fs::read_to_string(format!("/proc/{}/maps", kids[0].id())).unwrap();
     assert!(

@@ -90,3 +90,24 @@ pub fn spawn_selftest(
         })
         .collect()
 }
+
+/// Each child's stdout as lines, read until every rank printed `RUNNING`
+/// (it completed a first collective); the readers go on from there.
+pub fn wait_running(
+    kids: &mut [std::process::Child],
+) -> Vec<std::io::Lines<std::io::BufReader<std::process::ChildStdout>>> {
+    use std::io::BufRead;
+    let mut readers: Vec<_> = kids
+        .iter_mut()
+        .map(|k| std::io::BufReader::new(k.stdout.take().unwrap()).lines())
+        .collect();
+    for r in readers.iter_mut() {
+        while !r
+            .next()
+            .expect("rank output")
+            .unwrap()
+            .starts_with("RUNNING")
+        {}
+    }
+    readers
+}
