@@ -98,7 +98,7 @@ USAGE: <collective>_perf
   oxccl additions:
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
   [--transport <auto|tcp|shm|rdma>]      force a transport
-  [--algo <auto|ring|oneshot>]           force the all_reduce algorithm
+  [--algo <auto|NAME>]                   force an algorithm (ring, oneshot, chain, direct, ...)
   [--registered]                         use communicator-registered buffers
   [--plot <file.svg>]                    bus bandwidth and time against size
   [--limit <GB/s>]                       draw a machine limit on the plot
@@ -219,8 +219,11 @@ impl Args {
             return Err("the step (-f > 1 or -i > 0) must make sizes grow".into());
         }
         if let Some(algo) = &a.algo {
-            if algo != "ring" && algo != "oneshot" && algo != "auto" {
-                return Err(format!("--algo {algo:?}: use auto, ring or oneshot"));
+            if algo != "auto" && oxccl::algorithms::find(algo).is_none() {
+                return Err(format!(
+                    "--algo {algo:?}: use auto or one of {}",
+                    oxccl::algorithms::names()
+                ));
             }
         }
         if a.algo.as_deref() == Some("auto") {

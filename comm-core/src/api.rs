@@ -12,9 +12,9 @@ use crate::call::{Fingerprint, Kind};
 use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
 use crate::executor::BufSpec;
-use crate::schedule::{self, P2pStep};
 use crate::types::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};
 use crate::work::Work;
+use algorithms::{CollSpec, P2pStep};
 
 /// One operation of a point-to-point group (see [`Communicator::group`]).
 pub enum P2p<'a, T> {
@@ -79,36 +79,19 @@ fn run_coll(
     send: Option<BufSpec>,
     recv: BufSpec,
 ) -> Result<()> {
-    let (r, n) = (inner.rank, inner.nranks);
-    let chunk = inner.chunk_elems(c.dtype);
-    let avg = c.op == ReduceOp::Avg;
-    let oneshot = c.kind == Kind::AllReduce
-        && match inner.config.algo.as_deref() {
-            Some("oneshot") => true,
-            Some(_) => false,
-            None => c.count * c.dtype.size() <= inner.config.oneshot_bytes,
-        };
-    // Same call shape, same schedule: build it once (latency of small calls).
-    let key = (
-        c.kind as u8,
-        c.count,
-        chunk,
-        c.root,
-        avg,
-        c.in_place,
-        oneshot,
-    );
-    let sched = st.schedule(key, || match c.kind {
-        Kind::AllReduce if oneshot => schedule::all_reduce_oneshot(r, n, c.count, avg),
-        Kind::AllReduce => schedule::all_reduce(r, n, c.count, chunk, avg),
-        Kind::AllGather => schedule::all_gather(r, n, c.count, chunk),
-        Kind::ReduceScatter => schedule::reduce_scatter(r, n, c.count, chunk, avg),
-        Kind::Broadcast => schedule::broadcast(r, n, c.count, chunk, c.root),
-        Kind::Reduce => schedule::reduce(r, n, c.count, chunk, c.root, avg),
-        Kind::AllToAll => schedule::all_to_all(r, n, c.count, chunk, c.in_place),
-        Kind::Barrier => schedule::barrier(r, n),
-        Kind::P2p => unreachable!("point-to-point goes through groups"),
-    });
+    let spec = CollSpec {
+        kind: c.kind,
+        rank: inner.rank,
+        nranks: inner.nranks,
+        count: c.count,
+        root: c.root,
+        avg: c.op == ReduceOp::Avg,
+        in_place: c.in_place,
+        chunk: inner.chunk_elems(c.dtype),
+        elem_size: c.dtype.size(),
+        direct: false,
+    };
+    let sched = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
     let input = send.unwrap_or(recv);
     inner.execute(st, c.fingerprint(), &sched, &[input, recv], None)
 }
@@ -468,7 +451,7 @@ impl Communicator {
             if steps.is_empty() {
                 return Ok(());
             }
-            let sched = schedule::p2p(&steps, inner.chunk_elems(dtype));
+            let sched = algorithms::p2p(&steps, inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &steps, &sched, dtype);
             let fp = Fingerprint::new(Kind::P2p, dtype, 0);
             inner.execute(st, fp, &sched, &specs, Some(per_step))
@@ -585,7 +568,7 @@ impl Communicator {
             } else {
                 P2pStep::Recv { peer, buf: 2, len }
             };
-            let sched = schedule::p2p(&[step], inner.chunk_elems(dtype));
+            let sched = algorithms::p2p(&[step], inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &[step], &sched, dtype);
             let dummy = BufSpec::EMPTY;
             inner.execute(

@@ -5,54 +5,7 @@
 use crate::types::{DataType, ReduceOp};
 use std::fmt;
 
-/// The kind of a communication call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Kind {
-    AllReduce = 1,
-    AllGather = 2,
-    ReduceScatter = 3,
-    Broadcast = 4,
-    Reduce = 5,
-    AllToAll = 6,
-    Barrier = 7,
-    /// Point-to-point send or receive (numbered per peer pair, not in the
-    /// collective sequence).
-    P2p = 8,
-}
-
-impl Kind {
-    /// Decode the wire code.
-    pub fn from_code(c: u8) -> Option<Kind> {
-        use Kind::*;
-        [
-            AllReduce,
-            AllGather,
-            ReduceScatter,
-            Broadcast,
-            Reduce,
-            AllToAll,
-            Barrier,
-            P2p,
-        ]
-        .into_iter()
-        .find(|k| *k as u8 == c)
-    }
-
-    /// The snake_case name users know from NCCL (`all_reduce`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Kind::AllReduce => "all_reduce",
-            Kind::AllGather => "all_gather",
-            Kind::ReduceScatter => "reduce_scatter",
-            Kind::Broadcast => "broadcast",
-            Kind::Reduce => "reduce",
-            Kind::AllToAll => "all_to_all",
-            Kind::Barrier => "barrier",
-            Kind::P2p => "send/recv",
-        }
-    }
-}
+pub use algorithms::Kind;
 
 /// The arguments every rank must agree on. `count` is the per-rank count as
 /// NCCL defines it for that collective (all_gather: elements each rank

@@ -18,10 +18,11 @@ use crate::executor::{self, BufSpec, CallCtx, Net};
 use crate::handshake::Secret;
 use crate::id::UniqueId;
 use crate::net;
-use crate::schedule::{self, Schedule};
+use crate::schedule::Schedule;
 use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
 use crate::work::{Work, Worker};
+use algorithms::{CollSpec, Tuning};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -77,36 +78,37 @@ pub(crate) struct State {
     /// When the control connection was last read between calls.
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
-    schedules: Vec<(SchedKey, Arc<Schedule>)>,
+    schedules: Vec<(CollSpec, Arc<Schedule>)>,
     /// Point-to-point operations issued per peer, per direction.
     p2p_sent: Vec<u64>,
     p2p_recvd: Vec<u64>,
 }
 
-/// What makes two calls need the same schedule: (kind, count, chunk,
-/// root, avg, in place, one-shot).
-pub(crate) type SchedKey = (u8, usize, usize, usize, bool, bool, bool);
-
 /// Schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 16;
 
 impl State {
-    /// The schedule for `key`, built by `build` on a miss.
+    /// The schedule of the algorithm chosen for `spec` (`forced` by name, or
+    /// by the registry's rules), from the cache when the same call shape ran
+    /// recently (the latency of small calls).
     pub(crate) fn schedule(
         &mut self,
-        key: SchedKey,
-        build: impl FnOnce() -> Schedule,
-    ) -> Arc<Schedule> {
-        if let Some(i) = self.schedules.iter().position(|(k, _)| *k == key) {
+        spec: &CollSpec,
+        forced: Option<&str>,
+        tuning: &Tuning,
+    ) -> Result<Arc<Schedule>> {
+        if let Some(i) = self.schedules.iter().position(|(k, _)| k == spec) {
             let hit = self.schedules.remove(i);
             self.schedules.push(hit);
         } else {
+            let alg = algorithms::choose(spec, forced, tuning)
+                .ok_or_else(|| Error::invalid(format!("no algorithm runs {}", spec.kind.name())))?;
             if self.schedules.len() == SCHEDULE_CACHE {
                 self.schedules.remove(0);
             }
-            self.schedules.push((key, Arc::new(build())));
+            self.schedules.push((*spec, Arc::new(alg.build(spec))));
         }
-        self.schedules.last().unwrap().1.clone()
+        Ok(self.schedules.last().unwrap().1.clone())
     }
 }
 
@@ -533,6 +535,13 @@ impl Inner {
         executor::execute(sched, bufs, &mut st.net, &mut cx)
     }
 
+    /// The knobs of automatic algorithm choice.
+    pub(crate) fn tuning(&self) -> Tuning {
+        Tuning {
+            oneshot_bytes: self.config.oneshot_bytes,
+        }
+    }
+
     /// Elements per pipelined chunk for `dtype`.
     pub(crate) fn chunk_elems(&self, dtype: DataType) -> usize {
         (self.config.chunk_bytes / dtype.size()).max(1)
@@ -542,7 +551,7 @@ impl Inner {
     pub(crate) fn p2p_numbers(
         &self,
         st: &mut State,
-        ops: &[schedule::P2pStep],
+        ops: &[algorithms::P2pStep],
         sched: &Schedule,
         dtype: DataType,
     ) -> Vec<(u64, Fingerprint)> {
@@ -551,14 +560,14 @@ impl Inner {
         let mut per_op = Vec::with_capacity(ops.len());
         for op in ops {
             let (seq, fp) = match *op {
-                schedule::P2pStep::Send { peer, len, .. } => {
+                algorithms::P2pStep::Send { peer, len, .. } => {
                     st.p2p_sent[peer] += 1;
                     (
                         st.p2p_sent[peer] - 1,
                         Fingerprint::new(Kind::P2p, dtype, len).with_root(peer),
                     )
                 }
-                schedule::P2pStep::Recv { peer, len, .. } => {
+                algorithms::P2pStep::Recv { peer, len, .. } => {
                     st.p2p_recvd[peer] += 1;
                     (
                         st.p2p_recvd[peer] - 1,
@@ -567,7 +576,7 @@ impl Inner {
                 }
             };
             let msgs = match *op {
-                schedule::P2pStep::Send { len, .. } | schedule::P2pStep::Recv { len, .. } => {
+                algorithms::P2pStep::Send { len, .. } | algorithms::P2pStep::Recv { len, .. } => {
                     len.div_ceil(self.chunk_elems(dtype)).max(1)
                 }
             };

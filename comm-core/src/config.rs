@@ -33,8 +33,9 @@ pub struct Config {
     /// are on one host (shared memory between them); unset, it is derived
     /// from host name, boot id and network namespace.
     pub host_id: Option<String>,
-    /// Force an all-reduce algorithm (`OXCCL_ALGO`: `ring` or `oneshot`);
-    /// unset, the size decides (see `oneshot_bytes`).
+    /// Force an algorithm by name (`OXCCL_ALGO`: any of
+    /// `algorithms::names()`) for the collectives it can run; unset, the
+    /// registry's rules decide (see `oneshot_bytes`).
     pub algo: Option<String>,
     /// Largest all-reduce (bytes per rank) that uses the one-shot algorithm
     /// when no algorithm is forced (`OXCCL_ONESHOT_BYTES`).
@@ -139,9 +140,10 @@ impl Config {
             )));
         }
         if let Some(a) = &self.algo {
-            if a != "ring" && a != "oneshot" {
+            if algorithms::find(a).is_none() {
                 return Err(Error::Config(format!(
-                    "algorithm (OXCCL_ALGO) {a:?}: use ring, oneshot or auto"
+                    "algorithm (OXCCL_ALGO) {a:?} is not one of: auto, {}",
+                    algorithms::names()
                 )));
             }
         }

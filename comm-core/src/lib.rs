@@ -7,6 +7,9 @@
 //!
 //! It knows no concrete transport: the `oxccl` facade passes them in.
 
+pub use algorithms;
+pub use algorithms::schedule;
+
 pub mod api;
 pub mod bootstrap;
 pub mod call;
@@ -21,7 +24,6 @@ pub mod handshake;
 pub mod id;
 pub mod net;
 pub mod registered;
-pub mod schedule;
 pub mod shmem;
 pub mod transport;
 pub mod types;

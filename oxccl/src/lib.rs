@@ -22,11 +22,11 @@
 
 pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
+pub use comm_core::{algorithms, schedule, transport};
 pub use comm_core::{
     bf16, f16, Communicator, Config, DataType, Element, Error, MemoryRegistration, P2p, PeerInfo,
     ReduceOp, Result, SharedBuffer, UniqueId, Work,
 };
-pub use comm_core::{schedule, transport};
 
 pub mod launch;
 pub mod selftest;

@@ -8,7 +8,9 @@
 //! reduction of segment `r`, computed once, in a fixed order, so every rank
 //! later receives the same bits.
 
-use super::{chunks, seg_len, seg_off, sub_mod, Action, Schedule, Span, INPUT, OUTPUT, SCRATCH};
+use crate::schedule::{
+    chunks, seg_len, seg_off, sub_mod, Action, Schedule, Span, INPUT, OUTPUT, SCRATCH,
+};
 
 /// Reduce-scatter phase over `nseg = n` segments of `count` elements in
 /// `src_buf`. `place(seg, is_last_step)` says where the partial of a
@@ -199,4 +201,26 @@ pub fn all_gather(rank: usize, n: usize, count: usize, chunk: usize) -> Schedule
         ag_phase(&mut s, rank, n, n * count, chunk, &ready);
     }
     s
+}
+
+/// The ring: reduce-scatter, all-gather and all-reduce (bandwidth-optimal,
+/// latency linear in the rank count).
+pub struct Ring;
+
+impl crate::Algorithm for Ring {
+    fn name(&self) -> &'static str {
+        "ring"
+    }
+    fn supports(&self, s: &crate::CollSpec) -> bool {
+        use crate::Kind::*;
+        matches!(s.kind, AllReduce | AllGather | ReduceScatter)
+    }
+    fn build(&self, s: &crate::CollSpec) -> Schedule {
+        let (r, n, c, ch) = (s.rank, s.nranks, s.count, s.chunk);
+        match s.kind {
+            crate::Kind::AllReduce => all_reduce(r, n, c, ch, s.avg),
+            crate::Kind::AllGather => all_gather(r, n, c, ch),
+            _ => reduce_scatter(r, n, c, ch, s.avg),
+        }
+    }
 }

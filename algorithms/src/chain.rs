@@ -4,7 +4,7 @@
 //! messages every link is busy at once and the time approaches
 //! `bytes / bandwidth`, independent of the rank count.
 
-use super::{chunks, sub_mod, Action, Schedule, Span, INPUT, OUTPUT, SCRATCH};
+use crate::schedule::{chunks, sub_mod, Action, Schedule, Span, INPUT, OUTPUT, SCRATCH};
 
 /// Broadcast `count` elements from `root`'s `INPUT` into every `OUTPUT`.
 pub fn broadcast(rank: usize, n: usize, count: usize, chunk: usize, root: usize) -> Schedule {
@@ -123,4 +123,23 @@ pub fn reduce(
         }
     }
     s
+}
+
+/// The chain: rooted broadcast and reduce, pipelined along the ranks.
+pub struct Chain;
+
+impl crate::Algorithm for Chain {
+    fn name(&self) -> &'static str {
+        "chain"
+    }
+    fn supports(&self, s: &crate::CollSpec) -> bool {
+        matches!(s.kind, crate::Kind::Broadcast | crate::Kind::Reduce)
+    }
+    fn build(&self, s: &crate::CollSpec) -> Schedule {
+        let (r, n, c, ch) = (s.rank, s.nranks, s.count, s.chunk);
+        match s.kind {
+            crate::Kind::Broadcast => broadcast(r, n, c, ch, s.root),
+            _ => reduce(r, n, c, ch, s.root, s.avg),
+        }
+    }
 }

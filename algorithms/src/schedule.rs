@@ -1,8 +1,8 @@
-//! Algorithms as *schedules*: pure functions from (collective, rank,
-//! nranks, count, chunking) to the ordered steps one rank performs. No I/O
-//! here: the executor runs a schedule over real links, the tests run every
-//! rank's schedule symbolically and check that each element ends up with
-//! exactly the contributions it must have.
+//! A *schedule*: the ordered steps one rank performs for one call. No I/O
+//! here: the executor runs a schedule over real links and compute engines,
+//! the checker ([`crate::check`]) runs every rank's schedule symbolically
+//! and checks that each element ends up with exactly the contributions it
+//! must have.
 //!
 //! Ordering rules the executor relies on:
 //! - messages from rank A to rank B are matched in the order both sides'
@@ -10,14 +10,6 @@
 //! - a step starts only after all its `deps` have completed; a send
 //!   completes when its last byte is handed to the transport, a receive when
 //!   its last byte has arrived (and been reduced).
-
-mod chain;
-mod direct;
-mod ring;
-
-pub use chain::{broadcast, reduce};
-pub use direct::{all_reduce_oneshot, all_to_all, barrier, p2p, P2pStep};
-pub use ring::{all_gather, all_reduce, reduce_scatter};
 
 /// Index of a buffer in the table the executor is given. Algorithms use
 /// [`INPUT`], [`OUTPUT`] and [`SCRATCH`]; point-to-point groups use one per
@@ -68,6 +60,30 @@ pub enum Action {
         slots: Span,
         me: usize,
     },
+    /// Direct access: `dst = src of rank 0 op src of rank 1 op ..`, in rank
+    /// order, reading every rank's `src` where it lies (peers' memory mapped
+    /// here; the buffer has the same shape on every rank). `dst` may be this
+    /// rank's own `src` (in place), never a span peers read before the next
+    /// [`Action::Sync`].
+    ReduceFrom { dst: Span, src: Span },
+    /// Direct access: copy rank `peer`'s `src` into this rank's `dst`.
+    CopyFrom { peer: usize, src: Span, dst: Span },
+    /// Direct access: wait until every rank has reached its matching `Sync`
+    /// (the k-th `Sync` of the call on each rank). What a rank wrote before
+    /// its `Sync` is visible to every rank after theirs; what a rank reads
+    /// after one `Sync` nobody changes before the next.
+    Sync,
+}
+
+impl Action {
+    /// The peer a message step talks to (`None` for local and direct steps).
+    pub fn message_peer(&self) -> Option<(usize, bool)> {
+        match *self {
+            Action::Send { peer, .. } => Some((peer, true)),
+            Action::Recv { peer, .. } | Action::RecvReduce { peer, .. } => Some((peer, false)),
+            _ => None,
+        }
+    }
 }
 
 /// One step and the steps it waits for.
@@ -127,9 +143,6 @@ pub fn chunks(off: usize, len: usize, chunk: usize) -> impl Iterator<Item = (usi
 }
 
 /// `(a - b) mod n` for ring arithmetic on ranks.
-pub(crate) fn sub_mod(a: usize, b: usize, n: usize) -> usize {
+pub fn sub_mod(a: usize, b: usize, n: usize) -> usize {
     (a + n - b % n) % n
 }
-
-#[cfg(test)]
-mod check;

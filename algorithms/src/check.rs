@@ -1,0 +1,632 @@
+//! The symbolic checker: runs every rank's schedule of one call together,
+//! without I/O. Each element holds an expression (`(r0i3+r1i3)`) instead of
+//! a number, so a check can see that every contribution arrives exactly
+//! once, that a reduction is complete, and that all ranks end with the *same
+//! expression* (hence bitwise-identical floats).
+//!
+//! Memory is modelled as the runtime lays it out: out of place, input and
+//! output are separate memories and the input is read-only (a write to it
+//! is an error); in place they are one memory (all_gather's input is the
+//! output's segment `rank`, reduce_scatter's output the input's segment
+//! `rank`), so a step that overwrites data a pending send or a peer still
+//! needs changes what arrives. Direct-access steps read peers' memory as it
+//! is at that moment; reading a location in the same phase (between two
+//! `Sync`s) as its owner writes it is reported as a race.
+//!
+//! Every call is run in plain order and again with one rank's sends (and
+//! direct reads) delayed as long as possible; all runs must end alike, so
+//! a missing dependency shows up as a difference.
+
+use crate::algorithm::Algorithm;
+use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH};
+use crate::spec::{CollSpec, Kind};
+use std::collections::{HashMap, HashSet};
+
+/// A symbolic element: `None` is "never written".
+pub type Val = Option<String>;
+
+/// Memory ids of [`Setup`]: input, output, scratch; point-to-point buffers
+/// use their buffer id plus [`MEM_P2P`].
+pub const MEM_IN: u32 = 0;
+pub const MEM_OUT: u32 = 1;
+pub const MEM_SCRATCH: u32 = 2;
+pub const MEM_P2P: u32 = 3;
+
+/// One rank's memories and where each buffer id lies in them.
+#[derive(Clone, Debug, Default)]
+pub struct Setup {
+    pub mems: HashMap<u32, Vec<Val>>,
+    /// Buffer id -> (memory, offset of the buffer's element 0).
+    pub layout: HashMap<BufId, (u32, usize)>,
+    /// Memories no step may write (the input of an out-of-place call).
+    pub read_only: HashSet<u32>,
+}
+
+/// The element `i` of rank `r`'s input: `r{r}i{i}`.
+pub fn leaf(r: usize, i: usize) -> String {
+    format!("r{r}i{i}")
+}
+
+fn leaves_of(r: usize, len: usize) -> Vec<Val> {
+    (0..len).map(|i| Some(leaf(r, i))).collect()
+}
+
+impl Setup {
+    /// Rank `spec.rank`'s memory for a collective, in or out of place.
+    pub fn for_spec(spec: &CollSpec, scratch: usize) -> Setup {
+        let r = spec.rank;
+        let (ilen, olen) = (spec.input_len(), spec.output_len());
+        let mut s = Setup::default();
+        s.mems.insert(MEM_SCRATCH, vec![None; scratch]);
+        s.layout.insert(SCRATCH, (MEM_SCRATCH, 0));
+        if !spec.in_place {
+            s.mems.insert(MEM_IN, leaves_of(r, ilen));
+            s.mems.insert(MEM_OUT, vec![None; olen]);
+            s.layout.insert(INPUT, (MEM_IN, 0));
+            s.layout.insert(OUTPUT, (MEM_OUT, 0));
+            s.read_only.insert(MEM_IN);
+            return s;
+        }
+        match spec.in_place_offset() {
+            Ok(off) => {
+                let mut m = vec![None; olen];
+                if spec.kind == Kind::AllGather {
+                    m[off..off + ilen].clone_from_slice(&leaves_of(r, ilen));
+                } else {
+                    m = leaves_of(r, olen);
+                }
+                s.mems.insert(MEM_OUT, m);
+                s.layout.insert(INPUT, (MEM_OUT, off));
+                s.layout.insert(OUTPUT, (MEM_OUT, 0));
+            }
+            Err(off) => {
+                s.mems.insert(MEM_IN, leaves_of(r, ilen));
+                s.layout.insert(INPUT, (MEM_IN, 0));
+                s.layout.insert(OUTPUT, (MEM_IN, off));
+            }
+        }
+        s
+    }
+
+    fn loc(&self, sp: Span) -> Result<(u32, usize), String> {
+        let (m, base) = *self
+            .layout
+            .get(&sp.buf)
+            .ok_or_else(|| format!("buffer {} does not exist", sp.buf))?;
+        let len = self.mems[&m].len();
+        if base + sp.off + sp.len > len {
+            return Err(format!("span {sp:?} exceeds its buffer ({len} elements)"));
+        }
+        Ok((m, base + sp.off))
+    }
+
+    fn read(&self, sp: Span) -> Result<Vec<Val>, String> {
+        let (m, at) = self.loc(sp)?;
+        Ok(self.mems[&m][at..at + sp.len].to_vec())
+    }
+
+    /// A buffer's elements as the caller sees them.
+    pub fn view(&self, buf: BufId, len: usize) -> Vec<Val> {
+        self.read(Span::new(buf, 0, len)).unwrap_or_default()
+    }
+}
+
+/// One rank's state after a run.
+pub struct RankRun {
+    pub mem: Setup,
+    done: Vec<bool>,
+}
+
+/// Per-location epochs of direct-access traffic, for race detection.
+#[derive(Default)]
+struct Races {
+    /// (owner, memory, index) -> epoch of the owner's last write.
+    written: HashMap<(usize, u32, usize), usize>,
+    /// (owner, memory, index) -> epochs in which a peer read it.
+    read: HashMap<(usize, u32, usize), HashSet<usize>>,
+}
+
+/// Run all schedules once; `victim`'s sends and direct reads wait until
+/// nothing else can run (`usize::MAX`: plain order).
+pub fn simulate(
+    scheds: &[Schedule],
+    setups: &[Setup],
+    victim: usize,
+) -> Result<Vec<RankRun>, String> {
+    let n = scheds.len();
+    let mut ranks: Vec<RankRun> = setups
+        .iter()
+        .zip(scheds)
+        .map(|(s, sc)| RankRun {
+            mem: s.clone(),
+            done: vec![false; sc.steps.len()],
+        })
+        .collect();
+    // Message numbering per directed pair, in schedule order.
+    let msg_index: Vec<Vec<usize>> = scheds
+        .iter()
+        .map(|sc| {
+            let mut c: HashMap<(bool, usize), usize> = HashMap::new();
+            sc.steps
+                .iter()
+                .map(|st| match st.action.message_peer() {
+                    Some((peer, is_send)) => {
+                        let e = c.entry((is_send, peer)).or_insert(0);
+                        *e += 1;
+                        *e - 1
+                    }
+                    None => 0,
+                })
+                .collect()
+        })
+        .collect();
+    // Sync k of each rank, and the last Sync before each step (a fence).
+    let sync_no: Vec<Vec<usize>> = scheds
+        .iter()
+        .map(|sc| {
+            let mut k = 0;
+            sc.steps
+                .iter()
+                .map(|st| {
+                    let me = k;
+                    k += usize::from(st.action == Action::Sync);
+                    me
+                })
+                .collect()
+        })
+        .collect();
+    let mut arrived = vec![0usize; n];
+    let mut epoch = vec![0usize; n];
+    let mut races = Races::default();
+    let mut msgs: HashMap<(usize, usize, usize), Vec<Val>> = HashMap::new();
+    let mut allow_victim = false;
+    loop {
+        let mut progressed = false;
+        for r in 0..n {
+            for i in 0..scheds[r].steps.len() {
+                let st = &scheds[r].steps[i];
+                if ranks[r].done[i] || !st.deps.iter().all(|d| ranks[r].done[*d as usize]) {
+                    continue;
+                }
+                // A Sync is a fence: nothing passes it either way.
+                let fence_ok = if st.action == Action::Sync {
+                    ranks[r].done[..i].iter().all(|d| *d)
+                } else {
+                    sync_no[r][i] == epoch[r]
+                };
+                if !fence_ok {
+                    continue;
+                }
+                let delayed = matches!(
+                    st.action,
+                    Action::Send { .. } | Action::ReduceFrom { .. } | Action::CopyFrom { .. }
+                );
+                if r == victim && delayed {
+                    if !allow_victim {
+                        continue;
+                    }
+                    allow_victim = false;
+                }
+                let ctx = |m: &str| format!("rank {r} step {i} ({:?}): {m}", st.action);
+                let ok = match st.action {
+                    Action::Send { peer, src } => {
+                        let v = ranks[r].mem.read(src).map_err(|e| ctx(&e))?;
+                        if v.iter().any(|x| x.is_none()) {
+                            return Err(ctx("sends undefined data"));
+                        }
+                        msgs.insert((r, peer, msg_index[r][i]), v);
+                        true
+                    }
+                    Action::Recv { peer, dst } => match msgs.remove(&(peer, r, msg_index[r][i])) {
+                        Some(v) => {
+                            if v.len() != dst.len {
+                                return Err(ctx(&format!("message of {} elements", v.len())));
+                            }
+                            write(&mut ranks[r].mem, dst, v, r, epoch[r], &mut races)
+                                .map_err(|e| ctx(&e))?;
+                            true
+                        }
+                        None => false,
+                    },
+                    Action::RecvReduce { peer, dst, with } => {
+                        match msgs.remove(&(peer, r, msg_index[r][i])) {
+                            Some(v) => {
+                                if v.len() != dst.len {
+                                    return Err(ctx(&format!("message of {} elements", v.len())));
+                                }
+                                let w = ranks[r].mem.read(with).map_err(|e| ctx(&e))?;
+                                let out = combine(&[v, w]).map_err(|e| ctx(&e))?;
+                                write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                                    .map_err(|e| ctx(&e))?;
+                                true
+                            }
+                            None => false,
+                        }
+                    }
+                    Action::Copy { src, dst } => {
+                        let v = ranks[r].mem.read(src).map_err(|e| ctx(&e))?;
+                        write(&mut ranks[r].mem, dst, v, r, epoch[r], &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::Combine {
+                        dst,
+                        input,
+                        slots,
+                        me,
+                    } => {
+                        let mut srcs = Vec::new();
+                        for k in 0..n {
+                            let sp = if k == me {
+                                input
+                            } else {
+                                Span::new(slots.buf, slots.off + k * dst.len, dst.len)
+                            };
+                            srcs.push(ranks[r].mem.read(sp).map_err(|e| ctx(&e))?);
+                        }
+                        let out = combine(&srcs).map_err(|e| ctx(&e))?;
+                        write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::Divide { dst } => {
+                        let v = ranks[r].mem.read(dst).map_err(|e| ctx(&e))?;
+                        let out = v
+                            .into_iter()
+                            .map(|x| match x {
+                                Some(e) => Ok(Some(format!("avg{e}"))),
+                                None => Err(ctx("divides undefined data")),
+                            })
+                            .collect::<Result<Vec<Val>, String>>()?;
+                        write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::ReduceFrom { dst, src } => {
+                        let mut srcs = Vec::new();
+                        for k in 0..n {
+                            srcs.push(
+                                remote_read(&ranks, r, k, src, epoch[r], &mut races)
+                                    .map_err(|e| ctx(&e))?,
+                            );
+                        }
+                        let out = combine(&srcs).map_err(|e| ctx(&e))?;
+                        write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::CopyFrom { peer, src, dst } => {
+                        if peer >= n {
+                            return Err(ctx("no such peer"));
+                        }
+                        let v = remote_read(&ranks, r, peer, src, epoch[r], &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        write(&mut ranks[r].mem, dst, v, r, epoch[r], &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::Sync => {
+                        let k = sync_no[r][i];
+                        arrived[r] = arrived[r].max(k + 1);
+                        if arrived.iter().all(|a| *a > k) {
+                            epoch[r] += 1;
+                            true
+                        } else {
+                            false
+                        }
+                    }
+                };
+                if ok {
+                    ranks[r].done[i] = true;
+                    progressed = true;
+                }
+            }
+        }
+        if !progressed {
+            if allow_victim || victim >= n {
+                break;
+            }
+            allow_victim = true;
+        }
+    }
+    for (r, rk) in ranks.iter().enumerate() {
+        if let Some(i) = rk.done.iter().position(|d| !d) {
+            return Err(format!(
+                "rank {r} is stuck at step {i} ({:?}): the schedules deadlock",
+                scheds[r].steps[i].action
+            ));
+        }
+    }
+    if !msgs.is_empty() {
+        return Err(format!(
+            "messages never received (from, to, index): {:?}",
+            msgs.keys().collect::<Vec<_>>()
+        ));
+    }
+    Ok(ranks)
+}
+
+/// `(a+b+..)` element-wise; every operand must be defined.
+fn combine(srcs: &[Vec<Val>]) -> Result<Vec<Val>, String> {
+    let len = srcs.first().map_or(0, |s| s.len());
+    (0..len)
+        .map(|i| {
+            let parts = srcs
+                .iter()
+                .map(|s| s[i].clone().ok_or("reduces undefined data"))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok(Some(format!("({})", parts.join("+"))))
+        })
+        .collect()
+}
+
+fn write(
+    mem: &mut Setup,
+    dst: Span,
+    v: Vec<Val>,
+    rank: usize,
+    epoch: usize,
+    races: &mut Races,
+) -> Result<(), String> {
+    let (m, at) = mem.loc(dst)?;
+    if mem.read_only.contains(&m) {
+        return Err(format!(
+            "writes the input of an out-of-place call ({dst:?})"
+        ));
+    }
+    for j in at..at + dst.len {
+        let key = (rank, m, j);
+        if races.read.get(&key).is_some_and(|e| e.contains(&epoch)) {
+            return Err(format!(
+                "writes element {j} of memory {m} in the same phase as a peer reads it (a race)"
+            ));
+        }
+        races.written.insert(key, epoch);
+    }
+    mem.mems.get_mut(&m).unwrap()[at..at + dst.len].clone_from_slice(&v);
+    Ok(())
+}
+
+/// Rank `me` reads `src` of rank `owner` (addressed with `me`'s layout, as
+/// the runtime does: registered buffers have one shape on every rank).
+fn remote_read(
+    ranks: &[RankRun],
+    me: usize,
+    owner: usize,
+    src: Span,
+    epoch: usize,
+    races: &mut Races,
+) -> Result<Vec<Val>, String> {
+    let (m, at) = ranks[me].mem.loc(src)?;
+    let theirs = ranks[owner]
+        .mem
+        .mems
+        .get(&m)
+        .ok_or_else(|| format!("rank {owner} has no memory {m}"))?;
+    if at + src.len > theirs.len() {
+        return Err(format!("reads past rank {owner}'s buffer ({src:?})"));
+    }
+    if owner != me {
+        for j in at..at + src.len {
+            let key = (owner, m, j);
+            if races.written.get(&key) == Some(&epoch) {
+                return Err(format!(
+                    "reads element {j} of rank {owner}'s memory {m} in the phase it is written (a race)"
+                ));
+            }
+            races.read.entry(key).or_default().insert(epoch);
+        }
+    }
+    let v = theirs[at..at + src.len].to_vec();
+    if v.iter().any(|x| x.is_none()) {
+        return Err(format!("reads undefined data of rank {owner} ({src:?})"));
+    }
+    Ok(v)
+}
+
+/// Run in plain order and with a few slow ranks; all runs must agree.
+pub fn simulate_all(scheds: &[Schedule], setups: &[Setup]) -> Result<Vec<RankRun>, String> {
+    let n = scheds.len();
+    let base = simulate(scheds, setups, usize::MAX)?;
+    let mut victims = vec![0, n / 2, n.saturating_sub(1)];
+    victims.dedup();
+    for v in victims {
+        let other = simulate(scheds, setups, v)?;
+        for (r, (a, b)) in base.iter().zip(&other).enumerate() {
+            for (m, mem) in &a.mem.mems {
+                if *m != MEM_SCRATCH && mem != &b.mem.mems[m] {
+                    return Err(format!(
+                        "rank {r} memory {m} differs when rank {v} runs late (a missing dependency)"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(base)
+}
+
+/// Sorted leaves of an expression: the contributions it combines.
+pub fn leaves(e: &str) -> Vec<String> {
+    let mut v: Vec<String> = e
+        .split(['(', ')', '+'])
+        .map(|s| s.trim_start_matches("avg").to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Check `alg` on the call `spec` describes (its `rank` is ignored: every
+/// rank's schedule is built): it completes, agrees under slow ranks, and
+/// leaves every rank with what the collective defines.
+pub fn check_algorithm(alg: &dyn Algorithm, spec: &CollSpec) -> Result<(), String> {
+    let specs: Vec<CollSpec> = (0..spec.nranks)
+        .map(|rank| CollSpec { rank, ..*spec })
+        .collect();
+    let scheds: Vec<Schedule> = specs.iter().map(|s| alg.build(s)).collect();
+    check_schedules(spec, &scheds).map_err(|e| format!("{} on {spec:?}: {e}", alg.name()))
+}
+
+/// Check the schedules of every rank for the call `spec` describes.
+pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), String> {
+    let n = spec.nranks;
+    let setups: Vec<Setup> = (0..n)
+        .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, scheds[rank].scratch))
+        .collect();
+    let runs = simulate_all(scheds, &setups)?;
+    let count = spec.count;
+    let olen = spec.output_len();
+    let out = |r: usize| runs[r].mem.view(OUTPUT, olen);
+    let want_sum = |e: &Val, idx: &dyn Fn(usize) -> usize, what: &str| -> Result<(), String> {
+        let e = e.as_ref().ok_or(format!("{what}: never written"))?;
+        let mut want: Vec<String> = (0..n).map(|k| leaf(k, idx(k))).collect();
+        want.sort();
+        if leaves(e) != want {
+            return Err(format!(
+                "{what}: {e} does not combine {want:?} exactly once"
+            ));
+        }
+        if e.starts_with("avg") != (spec.avg && n > 1) {
+            return Err(format!("{what}: {e} (average: {})", spec.avg));
+        }
+        Ok(())
+    };
+    match spec.kind {
+        Kind::AllReduce => {
+            for i in 0..count {
+                let e0 = &out(0)[i];
+                want_sum(e0, &|_| i, &format!("element {i}"))?;
+                for r in 1..n {
+                    if &out(r)[i] != e0 {
+                        return Err(format!(
+                            "element {i}: rank {r} has {:?}, rank 0 {e0:?} (not bitwise identical)",
+                            out(r)[i]
+                        ));
+                    }
+                }
+            }
+        }
+        Kind::ReduceScatter => {
+            for (r, run) in runs.iter().enumerate() {
+                let o = out(r);
+                for (i, e) in o.iter().enumerate() {
+                    want_sum(e, &|_| r * count + i, &format!("rank {r} element {i}"))?;
+                }
+                if spec.in_place {
+                    // The rest of the buffer is left as it was.
+                    let all = run.mem.view(INPUT, n * count);
+                    for (j, v) in all.iter().enumerate() {
+                        if j / count.max(1) != r && v.as_deref() != Some(leaf(r, j).as_str()) {
+                            return Err(format!(
+                                "rank {r} element {j} outside its segment changed"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Kind::AllGather => {
+            for r in 0..n {
+                let o = out(r);
+                for p in 0..n {
+                    for i in 0..count {
+                        if o[p * count + i] != Some(leaf(p, i)) {
+                            return Err(format!(
+                                "rank {r} element {}: {:?}",
+                                p * count + i,
+                                o[p * count + i]
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Kind::Broadcast => {
+            for r in 0..n {
+                if out(r) != leaves_of(spec.root, count) {
+                    return Err(format!(
+                        "rank {r} did not get the root's data: {:?}",
+                        out(r)
+                    ));
+                }
+            }
+        }
+        Kind::Reduce => {
+            let o = out(spec.root);
+            for (i, e) in o.iter().enumerate() {
+                want_sum(e, &|_| i, &format!("root element {i}"))?;
+            }
+            for r in (0..n).filter(|r| *r != spec.root) {
+                let untouched = if spec.in_place {
+                    leaves_of(r, count)
+                } else {
+                    vec![None; count]
+                };
+                if out(r) != untouched {
+                    return Err(format!("rank {r} (not the root) had its output changed"));
+                }
+            }
+        }
+        Kind::AllToAll => {
+            for r in 0..n {
+                let o = out(r);
+                for p in 0..n {
+                    for i in 0..count {
+                        if o[p * count + i] != Some(leaf(p, r * count + i)) {
+                            return Err(format!(
+                                "rank {r} element {}: {:?}",
+                                p * count + i,
+                                o[p * count + i]
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        Kind::Barrier | Kind::P2p => {}
+    }
+    Ok(())
+}
+
+/// Every spec the registry tests cover for `kind` on `n` ranks: counts
+/// around the rank count, tiny and odd chunks, both reductions, in and out
+/// of place, three roots, with and without direct access.
+pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
+    let counts: &[usize] = match kind {
+        Kind::Barrier => &[0],
+        _ => &[0, 1, 7, 23],
+    };
+    let mut v = Vec::new();
+    let mut roots = vec![0, n / 2, n - 1];
+    roots.dedup();
+    for &count in counts.iter().chain([n.saturating_sub(1), n + 1].iter()) {
+        for chunk in [1, 3, 1000] {
+            for avg in [false, true] {
+                for in_place in [false, true] {
+                    for &root in &roots {
+                        for direct in [false, true] {
+                            v.push(CollSpec {
+                                kind,
+                                rank: 0,
+                                nranks: n,
+                                count,
+                                root,
+                                avg,
+                                in_place,
+                                chunk,
+                                elem_size: 4,
+                                direct,
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v.sort_by_key(|s| format!("{s:?}"));
+    v.dedup();
+    v
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,183 @@
+//! The checker applied to every registered algorithm, and shown able to
+//! fail: deliberately broken schedules must be caught.
+
+use super::*;
+use crate::algorithm::{choose, REGISTRY};
+use crate::p2p::{p2p, P2pStep};
+use crate::spec::Tuning;
+
+/// The specs worth checking for `alg`: fields it ignores are normalised
+/// away so each distinct schedule is checked once.
+fn cases(alg: &dyn Algorithm, kind: Kind, n: usize) -> Vec<CollSpec> {
+    let mut v: Vec<CollSpec> = specs(kind, n)
+        .into_iter()
+        .map(|mut s| {
+            if !matches!(kind, Kind::Broadcast | Kind::Reduce) {
+                s.root = 0;
+            }
+            if !matches!(kind, Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce) {
+                s.avg = false;
+            }
+            if s.direct && alg.supports(&CollSpec { direct: false, ..s }) {
+                s.direct = false;
+            }
+            s
+        })
+        .filter(|s| alg.supports(s))
+        .collect();
+    v.sort_by_key(|s| format!("{s:?}"));
+    v.dedup();
+    v
+}
+
+#[test]
+fn every_registered_algorithm_is_correct_in_and_out_of_place() {
+    let mut checked = 0;
+    for alg in REGISTRY {
+        for kind in Kind::COLLECTIVES {
+            for n in 1..=8 {
+                for spec in cases(*alg, kind, n) {
+                    if let Err(e) = check_algorithm(*alg, &spec) {
+                        panic!("{e}");
+                    }
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} cases checked");
+}
+
+#[test]
+fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
+    let t = Tuning::default();
+    for kind in Kind::COLLECTIVES {
+        for n in [1, 2, 5] {
+            for spec in specs(kind, n) {
+                assert!(choose(&spec, None, &t).is_some(), "{spec:?}");
+            }
+        }
+    }
+    let mut s = CollSpec::new(Kind::AllReduce, 0, 4, 1000);
+    assert_eq!(choose(&s, None, &t).unwrap().name(), "oneshot");
+    s.count = 1 << 20;
+    assert_eq!(choose(&s, None, &t).unwrap().name(), "ring");
+    assert_eq!(choose(&s, Some("oneshot"), &t).unwrap().name(), "oneshot");
+    s.direct = true;
+    assert_eq!(choose(&s, None, &t).unwrap().name(), "direct");
+    // Forcing an algorithm that cannot run a call leaves it to the registry.
+    let b = CollSpec::new(Kind::Broadcast, 0, 4, 1000);
+    assert_eq!(choose(&b, Some("oneshot"), &t).unwrap().name(), "chain");
+    assert_eq!(choose(&b, Some("nonsense"), &t).unwrap().name(), "chain");
+}
+
+#[test]
+fn p2p_groups_posted_send_first_complete() {
+    // Ranks 0 and 1 each send to the other and receive, send first.
+    let ops = |peer| {
+        vec![
+            P2pStep::Send {
+                peer,
+                buf: 2,
+                len: 10,
+            },
+            P2pStep::Recv {
+                peer,
+                buf: 3,
+                len: 10,
+            },
+        ]
+    };
+    let sc = vec![p2p(&ops(1), 3), p2p(&ops(0), 3)];
+    let setups: Vec<Setup> = (0..2)
+        .map(|r| {
+            let mut s = Setup::default();
+            s.mems.insert(MEM_P2P + 2, leaves_of(r, 10));
+            s.mems.insert(MEM_P2P + 3, vec![None; 10]);
+            s.layout.insert(2, (MEM_P2P + 2, 0));
+            s.layout.insert(3, (MEM_P2P + 3, 0));
+            s
+        })
+        .collect();
+    let runs = simulate_all(&sc, &setups).unwrap();
+    assert_eq!(runs[0].mem.view(3, 10), leaves_of(1, 10));
+    assert_eq!(runs[1].mem.view(3, 10), leaves_of(0, 10));
+}
+
+/// The one-shot all-reduce with the dependency of its `Combine` on the
+/// sends removed: fine out of place, an in-place hazard (the combined
+/// result overwrites the input a slow send still has to read).
+#[test]
+fn an_in_place_hazard_is_caught() {
+    let n = 3;
+    let broken = |spec: &CollSpec| -> Vec<Schedule> {
+        (0..n)
+            .map(|rank| {
+                let mut s = crate::oneshot::OneShot.build(&CollSpec { rank, ..*spec });
+                for st in s.steps.iter_mut() {
+                    if matches!(st.action, Action::Combine { .. }) {
+                        st.deps.retain(|d| (*d as usize) >= n - 1); // keep the receives only
+                    }
+                }
+                s
+            })
+            .collect()
+    };
+    let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 5);
+    assert_eq!(check_schedules(&spec, &broken(&spec)), Ok(()));
+    spec.in_place = true;
+    let e = check_schedules(&spec, &broken(&spec)).unwrap_err();
+    assert!(e.contains("differs") || e.contains("exactly once"), "{e}");
+    // The real algorithm passes.
+    assert_eq!(check_algorithm(&crate::oneshot::OneShot, &spec), Ok(()));
+}
+
+/// The direct all-reduce without its middle `Sync`: peers copy segments
+/// their owners are still reducing.
+#[test]
+fn a_missing_phase_in_a_direct_schedule_is_a_race() {
+    let n = 4;
+    let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 10);
+    spec.direct = true;
+    let scheds: Vec<Schedule> = (0..n)
+        .map(|rank| {
+            let s = crate::direct::Direct.build(&CollSpec { rank, ..spec });
+            let mut out = Schedule::default();
+            let mut syncs = 0;
+            for st in &s.steps {
+                if st.action == Action::Sync {
+                    syncs += 1;
+                    if syncs == 2 {
+                        out.push(
+                            Action::Copy {
+                                src: Span::new(OUTPUT, 0, 0),
+                                dst: Span::new(OUTPUT, 0, 0),
+                            },
+                            &[],
+                        );
+                        continue;
+                    }
+                }
+                out.steps.push(st.clone());
+            }
+            out
+        })
+        .collect();
+    let e = check_schedules(&spec, &scheds).unwrap_err();
+    assert!(e.contains("race") || e.contains("undefined"), "{e}");
+}
+
+#[test]
+fn writing_the_input_of_an_out_of_place_call_is_caught() {
+    let spec = CollSpec::new(Kind::AllReduce, 0, 1, 4);
+    let mut s = Schedule::copy_all(4);
+    s.push(
+        Action::Copy {
+            src: Span::new(OUTPUT, 0, 4),
+            dst: Span::new(INPUT, 0, 4),
+        },
+        &[0],
+    );
+    let e = check_schedules(&spec, &[s]).unwrap_err();
+    assert!(e.contains("writes the input"), "{e}");
+}

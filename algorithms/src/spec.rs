@@ -1,0 +1,151 @@
+//! What an algorithm is asked to build: the kind of collective and every
+//! argument that shapes one rank's schedule.
+
+/// The kind of a communication call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Kind {
+    AllReduce = 1,
+    AllGather = 2,
+    ReduceScatter = 3,
+    Broadcast = 4,
+    Reduce = 5,
+    AllToAll = 6,
+    Barrier = 7,
+    /// Point-to-point send or receive (numbered per peer pair, not in the
+    /// collective sequence).
+    P2p = 8,
+}
+
+impl Kind {
+    /// Every collective kind (not `P2p`, which has no algorithm).
+    pub const COLLECTIVES: [Kind; 7] = [
+        Kind::AllReduce,
+        Kind::AllGather,
+        Kind::ReduceScatter,
+        Kind::Broadcast,
+        Kind::Reduce,
+        Kind::AllToAll,
+        Kind::Barrier,
+    ];
+
+    /// Decode the wire code.
+    pub fn from_code(c: u8) -> Option<Kind> {
+        Kind::COLLECTIVES
+            .into_iter()
+            .chain([Kind::P2p])
+            .find(|k| *k as u8 == c)
+    }
+
+    /// The snake_case name users know from NCCL (`all_reduce`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kind::AllReduce => "all_reduce",
+            Kind::AllGather => "all_gather",
+            Kind::ReduceScatter => "reduce_scatter",
+            Kind::Broadcast => "broadcast",
+            Kind::Reduce => "reduce",
+            Kind::AllToAll => "all_to_all",
+            Kind::Barrier => "barrier",
+            Kind::P2p => "send/recv",
+        }
+    }
+}
+
+/// One rank's view of one collective call: what an [`crate::Algorithm`]
+/// needs to build that rank's schedule. Equal specs give equal schedules,
+/// so a spec (with the algorithm's name) is also the schedule cache key.
+///
+/// Buffer conventions (NCCL's): `count` is what each rank contributes to an
+/// all_gather and receives from a reduce_scatter; all_to_all exchanges
+/// `count` elements with each rank. In place, all_gather's input is the
+/// output's segment `rank` and reduce_scatter's output is the input's
+/// segment `rank`; otherwise input and output are the same memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CollSpec {
+    pub kind: Kind,
+    pub rank: usize,
+    pub nranks: usize,
+    /// The NCCL-style count (see above).
+    pub count: usize,
+    /// Root of broadcast and reduce (0 otherwise).
+    pub root: usize,
+    /// The reduction is an average: divide once, by `nranks`, at the end.
+    pub avg: bool,
+    /// Input and output share memory (see above).
+    pub in_place: bool,
+    /// Elements per pipelined message.
+    pub chunk: usize,
+    /// Bytes per element (for size thresholds).
+    pub elem_size: usize,
+    /// Every rank can read and write every other rank's buffers of this
+    /// call directly (registered memory on a direct-access transport).
+    pub direct: bool,
+}
+
+impl CollSpec {
+    /// A spec with the common defaults: no root, no average, out of place,
+    /// 4-byte elements, one chunk of everything, no direct access.
+    pub fn new(kind: Kind, rank: usize, nranks: usize, count: usize) -> CollSpec {
+        CollSpec {
+            kind,
+            rank,
+            nranks,
+            count,
+            root: 0,
+            avg: false,
+            in_place: false,
+            chunk: usize::MAX,
+            elem_size: 4,
+            direct: false,
+        }
+    }
+
+    /// Bytes each rank contributes (what size thresholds compare).
+    pub fn bytes(&self) -> usize {
+        self.count.saturating_mul(self.elem_size)
+    }
+
+    /// Elements of the input buffer.
+    pub fn input_len(&self) -> usize {
+        match self.kind {
+            Kind::ReduceScatter | Kind::AllToAll => self.nranks * self.count,
+            Kind::Barrier | Kind::P2p => 0,
+            _ => self.count,
+        }
+    }
+
+    /// Elements of the output buffer.
+    pub fn output_len(&self) -> usize {
+        match self.kind {
+            Kind::AllGather | Kind::AllToAll => self.nranks * self.count,
+            Kind::Barrier | Kind::P2p => 0,
+            _ => self.count,
+        }
+    }
+
+    /// In place: where the input lies in the output (`Some(offset)`), or the
+    /// output in the input (`Err(offset)`) — the memory both share.
+    pub fn in_place_offset(&self) -> std::result::Result<usize, usize> {
+        match self.kind {
+            Kind::AllGather => Ok(self.rank * self.count),
+            Kind::ReduceScatter => Err(self.rank * self.count),
+            _ => Ok(0),
+        }
+    }
+}
+
+/// Knobs of automatic choice (`OXCCL_ONESHOT_BYTES`; a cost model later).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Largest all_reduce (bytes per rank) for the one-shot algorithm.
+    pub oneshot_bytes: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Tuning {
+        Tuning {
+            oneshot_bytes: 16 << 10,
+        }
+    }
+}
