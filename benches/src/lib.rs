@@ -183,9 +183,9 @@ fn across_ranks(
 }
 
 /// [`measure`] on registered buffers (`--registered`): the same data and
-/// check, the zero-copy paths (all_reduce, all_gather, broadcast,
-/// reduce_scatter; out of place copies the input in first where the call
-/// itself is in place, outside the timed loop only for the check run).
+/// check, the same calls on `SharedBuffer`s, which the planner runs with the
+/// `direct` algorithm (all_reduce, all_gather, broadcast, reduce_scatter)
+/// when every rank shares one host.
 fn measure_registered<T: TestElem>(
     comm: &Communicator,
     args: &Args,
@@ -200,38 +200,26 @@ fn measure_registered<T: TestElem>(
     send.copy_from_slice(&plain.send);
     let mut recv = comm.alloc_shared::<T>(shape.recv_len)?;
     recv.copy_from_slice(&plain.recv);
-    let c = shape.per_rank;
-    let mut out = vec![T::default(); shape.recv_len];
     let run = |send: &mut oxccl::SharedBuffer<T>,
-               recv: &mut oxccl::SharedBuffer<T>,
-               out: &mut Vec<T>|
+               recv: &mut oxccl::SharedBuffer<T>|
      -> oxccl::Result<()> {
         match (case.coll, in_place) {
-            (Coll::AllReduce, true) => comm.all_reduce_shared(recv, op),
-            (Coll::AllReduce, false) => comm.all_reduce_shared_from(send, recv, op),
-            (Coll::AllGather, true) => comm.all_gather_shared(recv),
-            (Coll::AllGather, false) => {
-                recv[r * c..(r + 1) * c].copy_from_slice(&send[..c]);
-                comm.all_gather_shared(recv)
-            }
-            (Coll::Broadcast, true) => comm.broadcast_shared(recv, root),
-            (Coll::Broadcast, false) => {
-                if r == root {
-                    recv.copy_from_slice(send);
-                }
-                comm.broadcast_shared(recv, root)
-            }
-            (Coll::ReduceScatter, true) => comm.reduce_scatter_shared(send, op),
-            (Coll::ReduceScatter, false) => comm.reduce_scatter_shared_from(send, out, op),
+            (Coll::AllReduce, true) => comm.all_reduce_in_place(recv, op),
+            (Coll::AllReduce, false) => comm.all_reduce(send, recv, op),
+            (Coll::AllGather, true) => comm.all_gather_in_place(recv),
+            (Coll::AllGather, false) => comm.all_gather(send, recv),
+            (Coll::Broadcast, true) => comm.broadcast_in_place(recv, root),
+            (Coll::Broadcast, false) => comm.broadcast(send, recv, root),
+            (Coll::ReduceScatter, true) => comm.reduce_scatter_in_place(send, op),
+            (Coll::ReduceScatter, false) => comm.reduce_scatter(send, recv, op),
             _ => unreachable!("refused in main"),
         }
     };
-    run(&mut send, &mut recv, &mut out)?;
+    run(&mut send, &mut recv)?;
     let mut wrong = 0;
     if args.check {
         match case.coll {
             Coll::ReduceScatter if in_place => plain.send.copy_from_slice(&send),
-            Coll::ReduceScatter => plain.recv.copy_from_slice(&out),
             _ => plain.recv.copy_from_slice(&recv),
         }
         if args.corrupt_rank == Some(r) {
@@ -241,10 +229,9 @@ fn measure_registered<T: TestElem>(
             .coll
             .wrong(comm, &shape, &plain, case.op, case.root, in_place);
     }
-    let (secs, wrong) = timed(comm, args, wrong, || run(&mut send, &mut recv, &mut out))?;
+    let (secs, wrong) = timed(comm, args, wrong, || run(&mut send, &mut recv))?;
     Ok((secs, wrong, shape))
 }
-
 fn warmup<T: TestElem>(comm: &Communicator, args: &Args, case: &Case) -> oxccl::Result<()> {
     let shape = case
         .coll

@@ -1,7 +1,11 @@
-//! The calls users make: typed (`&[T]`), untyped (bytes + [`DataType`], for
-//! bindings) and asynchronous (owned `Vec<T>` in, [`Work`] out). Arguments
-//! are checked here, before anything is sent: a bad call returns
-//! `Error::InvalidArgument` and leaves the communicator usable.
+//! The calls users make. Every collective takes buffers through the
+//! [`Buffer`] / [`BufferMut`] traits (slices, `Vec`s, boxed slices, arrays,
+//! [`SharedBuffer`](crate::SharedBuffer)s, user storage); one untyped entry
+//! takes bytes + [`DataType`] for bindings; async calls take owned buffers
+//! and give them back from [`Work`]. Arguments are checked here, before
+//! anything is sent: a bad call returns `Error::InvalidArgument` (memory no
+//! engine can reach: `Error::Unsupported`) and leaves the communicator
+//! usable.
 //!
 //! Buffer conventions follow NCCL: `count` for all_gather is what each rank
 //! contributes, for reduce_scatter what each rank receives. In-place
@@ -11,8 +15,8 @@
 use crate::call::{Fingerprint, Kind};
 use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
-use crate::executor::BufSpec;
-use crate::types::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};
+use crate::mem::{Buffer, BufferMut, MemorySpace, Region};
+use crate::types::{DataType, Element, ReduceOp};
 use crate::work::Work;
 use algorithms::{CollSpec, P2pStep};
 
@@ -24,7 +28,7 @@ pub enum P2p<'a, T> {
     Recv(&'a mut [T], usize),
 }
 
-/// A collective as the argument checker and the scheduler see it.
+/// A collective as the argument checker and the planner see it.
 #[derive(Clone, Copy, Debug)]
 struct Coll {
     kind: Kind,
@@ -44,20 +48,21 @@ impl Coll {
     }
 }
 
-fn check_bytes(what: &str, b: &[u8], dtype: DataType) -> Result<usize> {
+/// Elements of `dtype` in `r`, checking size and alignment.
+fn elems(what: &str, r: &Region, dtype: DataType) -> Result<usize> {
     let es = dtype.size();
-    if !b.len().is_multiple_of(es) {
+    if !r.len.is_multiple_of(es) {
         return Err(Error::invalid(format!(
             "{what} has {} bytes, not a multiple of {dtype}'s {es}",
-            b.len()
+            r.len
         )));
     }
-    if !(b.as_ptr() as usize).is_multiple_of(es) {
+    if !r.addr.is_multiple_of(es) {
         return Err(Error::invalid(format!(
             "{what} is not aligned to {es} bytes for {dtype}"
         )));
     }
-    Ok(b.len() / es)
+    Ok(r.len / es)
 }
 
 fn run_barrier(inner: &Inner, st: &mut State) -> Result<()> {
@@ -69,16 +74,31 @@ fn run_barrier(inner: &Inner, st: &mut State) -> Result<()> {
         count: 0,
         in_place: true,
     };
-    run_coll(inner, st, &c, None, BufSpec::EMPTY)
+    run_coll(inner, st, &c, None, Region::EMPTY)
 }
 
+/// Plan and run one collective: the registry picks the algorithm for the
+/// call's spec (direct access when every buffer is registered and mapped
+/// by every peer), the executor runs its schedule.
 fn run_coll(
     inner: &Inner,
     st: &mut State,
     c: &Coll,
-    send: Option<BufSpec>,
-    recv: BufSpec,
+    send: Option<Region>,
+    recv: Region,
 ) -> Result<()> {
+    // Direct access when every buffer the call passes is registered and
+    // mapped by every peer (an empty plain slice, like a non-root's `&[]`,
+    // does not count; at least one buffer must be registered).
+    let passed = || {
+        [send, Some(recv)]
+            .into_iter()
+            .flatten()
+            .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
+    };
+    let direct = inner.direct.is_some()
+        && passed().next().is_some()
+        && passed().all(|r| st.is_direct(inner, &r));
     let spec = CollSpec {
         kind: c.kind,
         rank: inner.rank,
@@ -89,9 +109,10 @@ fn run_coll(
         in_place: c.in_place,
         chunk: inner.chunk_elems(c.dtype),
         elem_size: c.dtype.size(),
-        direct: false,
+        direct,
     };
-    let sched = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
+    let (name, sched) = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
+    *inner.last_algorithm.lock().unwrap() = name;
     let input = send.unwrap_or(recv);
     inner.execute(st, c.fingerprint(), &sched, &[input, recv], None)
 }
@@ -152,6 +173,55 @@ impl Communicator {
         }
     }
 
+    /// Check a collective on regions and turn it into the executor's
+    /// (input, output): in place, all_gather's input is the output's
+    /// segment `rank` and reduce_scatter's output the input's.
+    fn plan(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<(Coll, Option<Region>, Region)> {
+        let s_elems = send
+            .as_ref()
+            .map(|s| elems("send buffer", s, dtype))
+            .transpose()?;
+        let r_elems = elems("recv buffer", &recv, dtype)?;
+        let count = self.check(kind, s_elems, r_elems, root)?;
+        let c = Coll {
+            kind,
+            dtype,
+            op,
+            root,
+            count,
+            in_place: send.is_none(),
+        };
+        let mine = || recv.sub(self.rank() * count * dtype.size(), count * dtype.size());
+        Ok(match (kind, send) {
+            (_, Some(s)) => (c, Some(s), recv),
+            (Kind::AllGather, None) => (c, Some(mine()), recv),
+            (Kind::ReduceScatter, None) => (c, Some(recv), mine()),
+            _ => (c, None, recv),
+        })
+    }
+
+    /// Run collective `kind` on regions (`send: None`: in place on `recv`).
+    fn collective(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let (c, send, recv) = self.plan(kind, send, recv, dtype, op, root)?;
+        self.run(|inner, st| run_coll(inner, st, &c, send, recv))
+    }
+
     /// The untyped entry for bindings: run collective `kind` on byte
     /// buffers holding `dtype` elements (aligned for it). `send: None` means
     /// in place on `recv`; `op` and `root` are ignored where they do not
@@ -165,181 +235,160 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let s_elems = send
-            .map(|s| check_bytes("send buffer", s, dtype))
-            .transpose()?;
-        let r_elems = check_bytes("recv buffer", recv, dtype)?;
-        let count = self.check(kind, s_elems, r_elems, root)?;
-        let c = Coll {
+        self.collective(
             kind,
+            send.map(Region::host),
+            Region::host_mut(recv),
             dtype,
             op,
             root,
-            count,
-            in_place: send.is_none(),
-        };
-        // In-place all_gather reads this rank's part of the buffer.
-        let send_spec = match (kind, send) {
-            (_, Some(s)) => Some(BufSpec::read_only(s)),
-            (Kind::AllGather, None) => {
-                let es = dtype.size();
-                Some(BufSpec {
-                    ptr: recv[self.rank() * count * es..].as_mut_ptr(),
-                    bytes: count * es,
-                })
-            }
-            (Kind::ReduceScatter, None) => Some(BufSpec::writable(recv)),
-            _ => None,
-        };
-        let recv_spec = match (kind, send) {
-            (Kind::ReduceScatter, None) => {
-                let es = dtype.size();
-                BufSpec {
-                    ptr: recv[self.rank() * count * es..].as_mut_ptr(),
-                    bytes: count * es,
-                }
-            }
-            _ => BufSpec::writable(recv),
-        };
-        self.run(|inner, st| run_coll(inner, st, &c, send_spec, recv_spec))
+        )
+    }
+
+    /// The untyped entry on regions (for bindings whose memory is not a
+    /// Rust slice, e.g. a tensor's storage or, later, device memory).
+    ///
+    /// # Safety
+    /// `recv` (and `send`) must describe memory that holds whole, aligned
+    /// `dtype` elements, stays valid for the whole call, and that nothing
+    /// else touches meanwhile (`send` may be read by others).
+    pub unsafe fn collective_regions(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(kind, send, recv, dtype, op, root)
+    }
+
+    fn typed<T: Element>(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.collective(kind, send, recv, T::DTYPE, op, root)
     }
 
     // ------------------------------------------------------------ typed --
 
     /// `recv = op over ranks of send` (`ncclAllReduce`).
-    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
-        self.collective_bytes(
+    pub fn all_reduce<T, S, R>(&self, send: &S, recv: &mut R, op: ReduceOp) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        self.typed::<T>(
             Kind::AllReduce,
-            Some(as_bytes(send)),
-            as_bytes_mut(recv),
-            T::DTYPE,
+            Some(send.region()),
+            recv.region_mut(),
             op,
             0,
         )
     }
     /// In-place all-reduce.
-    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        self.collective_bytes(Kind::AllReduce, None, as_bytes_mut(buf), T::DTYPE, op, 0)
-    }
-    /// `recv[k*len..] = send of rank k` (`recv.len() == nranks * send.len()`).
-    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.collective_bytes(
-            Kind::AllGather,
-            Some(as_bytes(send)),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
-    }
-    /// In-place all-gather: this rank's part is already at `buf[rank*len..]`.
-    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        self.collective_bytes(
-            Kind::AllGather,
-            None,
-            as_bytes_mut(buf),
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
-    }
-    /// `recv = op over ranks of send[rank*len..]` (`send.len() == nranks * recv.len()`).
-    pub fn reduce_scatter<T: Element>(
+    pub fn all_reduce_in_place<T: Element, B: BufferMut<T> + ?Sized>(
         &self,
-        send: &[T],
-        recv: &mut [T],
+        buf: &mut B,
         op: ReduceOp,
     ) -> Result<()> {
-        self.collective_bytes(
-            Kind::ReduceScatter,
-            Some(as_bytes(send)),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            op,
-            0,
-        )
+        self.typed::<T>(Kind::AllReduce, None, buf.region_mut(), op, 0)
+    }
+    /// `recv[k*len..] = send of rank k` (`recv.len() == nranks * send.len()`).
+    pub fn all_gather<T, S, R>(&self, send: &S, recv: &mut R) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        let (s, r) = (send.region(), recv.region_mut());
+        self.typed::<T>(Kind::AllGather, Some(s), r, ReduceOp::Sum, 0)
+    }
+    /// In-place all-gather: this rank's part is already at `buf[rank*len..]`.
+    pub fn all_gather_in_place<T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        buf: &mut B,
+    ) -> Result<()> {
+        self.typed::<T>(Kind::AllGather, None, buf.region_mut(), ReduceOp::Sum, 0)
+    }
+    /// `recv = op over ranks of send[rank*len..]` (`send.len() == nranks * recv.len()`).
+    pub fn reduce_scatter<T, S, R>(&self, send: &S, recv: &mut R, op: ReduceOp) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        let (s, r) = (send.region(), recv.region_mut());
+        self.typed::<T>(Kind::ReduceScatter, Some(s), r, op, 0)
     }
     /// In-place reduce-scatter: the result lands at `buf[rank*len..(rank+1)*len]`;
     /// the rest of `buf` is left as it was.
-    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        self.collective_bytes(
-            Kind::ReduceScatter,
-            None,
-            as_bytes_mut(buf),
-            T::DTYPE,
-            op,
-            0,
-        )
+    pub fn reduce_scatter_in_place<T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.typed::<T>(Kind::ReduceScatter, None, buf.region_mut(), op, 0)
     }
     /// `recv = send of root` (`send` is read only at the root; pass `&[]` elsewhere).
-    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
-        self.collective_bytes(
-            Kind::Broadcast,
-            Some(as_bytes(send)),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            ReduceOp::Sum,
-            root,
-        )
+    pub fn broadcast<T, S, R>(&self, send: &S, recv: &mut R, root: usize) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        let (s, r) = (send.region(), recv.region_mut());
+        self.typed::<T>(Kind::Broadcast, Some(s), r, ReduceOp::Sum, root)
     }
     /// In-place broadcast (`ncclBcast`).
-    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        self.collective_bytes(
-            Kind::Broadcast,
-            None,
-            as_bytes_mut(buf),
-            T::DTYPE,
-            ReduceOp::Sum,
-            root,
-        )
+    pub fn broadcast_in_place<T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        buf: &mut B,
+        root: usize,
+    ) -> Result<()> {
+        self.typed::<T>(Kind::Broadcast, None, buf.region_mut(), ReduceOp::Sum, root)
     }
     /// At the root, `recv = op over ranks of send`; `recv` is ignored elsewhere (pass `&mut []`).
-    pub fn reduce<T: Element>(
-        &self,
-        send: &[T],
-        recv: &mut [T],
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
-        self.collective_bytes(
-            Kind::Reduce,
-            Some(as_bytes(send)),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            op,
-            root,
-        )
+    pub fn reduce<T, S, R>(&self, send: &S, recv: &mut R, op: ReduceOp, root: usize) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        let (s, r) = (send.region(), recv.region_mut());
+        self.typed::<T>(Kind::Reduce, Some(s), r, op, root)
     }
     /// In-place reduce: the root's buffer gets the result, others are untouched.
-    pub fn reduce_in_place<T: Element>(
+    pub fn reduce_in_place<T: Element, B: BufferMut<T> + ?Sized>(
         &self,
-        buf: &mut [T],
+        buf: &mut B,
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.collective_bytes(Kind::Reduce, None, as_bytes_mut(buf), T::DTYPE, op, root)
+        self.typed::<T>(Kind::Reduce, None, buf.region_mut(), op, root)
     }
     /// `recv[k*c..]` of this rank = `send[rank*c..]` of rank k, with `c = len / nranks`.
-    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
-        self.collective_bytes(
-            Kind::AllToAll,
-            Some(as_bytes(send)),
-            as_bytes_mut(recv),
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
+    pub fn all_to_all<T, S, R>(&self, send: &S, recv: &mut R) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        let (s, r) = (send.region(), recv.region_mut());
+        self.typed::<T>(Kind::AllToAll, Some(s), r, ReduceOp::Sum, 0)
     }
     /// In-place all-to-all.
-    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
-        self.collective_bytes(
-            Kind::AllToAll,
-            None,
-            as_bytes_mut(buf),
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-        )
+    pub fn all_to_all_in_place<T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        buf: &mut B,
+    ) -> Result<()> {
+        self.typed::<T>(Kind::AllToAll, None, buf.region_mut(), ReduceOp::Sum, 0)
     }
     /// Wait until every rank has called `barrier`.
     pub fn barrier(&self) -> Result<()> {
@@ -349,23 +398,27 @@ impl Communicator {
     // ------------------------------------------------- point-to-point --
 
     /// Send `buf` to `peer` (blocks until handed to the transport).
-    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
-        self.group(vec![P2p::Send(buf, peer)])
+    pub fn send<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B, peer: usize) -> Result<()> {
+        self.group_regions(T::DTYPE, vec![(true, buf.region(), peer)])
     }
     /// Receive exactly `buf.len()` elements from `peer`.
-    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
-        self.group(vec![P2p::Recv(buf, peer)])
+    pub fn recv<T: Element, B: BufferMut<T> + ?Sized>(
+        &self,
+        buf: &mut B,
+        peer: usize,
+    ) -> Result<()> {
+        self.group_regions(T::DTYPE, vec![(false, buf.region_mut(), peer)])
     }
     /// Send to one peer and receive from another at the same time (never
     /// deadlocks when both sides call it with each other).
-    pub fn send_recv<T: Element>(
-        &self,
-        send: &[T],
-        to: usize,
-        recv: &mut [T],
-        from: usize,
-    ) -> Result<()> {
-        self.group(vec![P2p::Send(send, to), P2p::Recv(recv, from)])
+    pub fn send_recv<T, S, R>(&self, send: &S, to: usize, recv: &mut R, from: usize) -> Result<()>
+    where
+        T: Element,
+        S: Buffer<T> + ?Sized,
+        R: BufferMut<T> + ?Sized,
+    {
+        let ops = vec![(true, send.region(), to), (false, recv.region_mut(), from)];
+        self.group_regions(T::DTYPE, ops)
     }
 
     /// Send `buf` to `to` and replace its contents with what `from` sends
@@ -388,42 +441,56 @@ impl Communicator {
     /// are matched in order. Sends to and receives from this rank itself are
     /// matched in order and copied.
     pub fn group<T: Element>(&self, ops: Vec<P2p<'_, T>>) -> Result<()> {
-        let n = self.nranks();
-        let mut specs: Vec<BufSpec> = vec![BufSpec::EMPTY; 2];
+        let ops = ops
+            .into_iter()
+            .map(|op| match op {
+                P2p::Send(b, p) => (true, b.region(), p),
+                P2p::Recv(b, p) => (false, b.region_mut(), p),
+            })
+            .collect();
+        self.group_regions(T::DTYPE, ops)
+    }
+
+    /// A group of (is send, memory, peer) operations on `dtype` elements.
+    fn group_regions(&self, dtype: DataType, ops: Vec<(bool, Region, usize)>) -> Result<()> {
+        let (n, me) = (self.nranks(), self.rank());
+        let mut regions: Vec<Region> = vec![Region::EMPTY; 2];
         let mut steps = Vec::new();
-        let mut self_sends: Vec<&[T]> = Vec::new();
-        let mut self_recvs: Vec<*mut [T]> = Vec::new();
-        for op in ops {
-            let peer = match &op {
-                P2p::Send(_, p) | P2p::Recv(_, p) => *p,
-            };
+        let mut self_sends: Vec<Region> = Vec::new();
+        let mut self_recvs: Vec<Region> = Vec::new();
+        for (is_send, r, peer) in ops {
             if peer >= n {
                 return Err(Error::invalid(format!(
                     "peer {peer} is not a rank of this {n}-rank communicator"
                 )));
             }
-            match op {
-                P2p::Send(b, p) if p == self.rank() => self_sends.push(b),
-                P2p::Recv(b, p) if p == self.rank() => self_recvs.push(b as *mut [T]),
-                P2p::Send(b, p) => {
-                    steps.push(P2pStep::Send {
-                        peer: p,
-                        buf: specs.len() as u16,
-                        len: b.len(),
-                    });
-                    specs.push(BufSpec::read_only(as_bytes(b)));
+            let len = elems(
+                if is_send {
+                    "send buffer"
+                } else {
+                    "recv buffer"
+                },
+                &r,
+                dtype,
+            )?;
+            if peer == me {
+                if is_send {
+                    &mut self_sends
+                } else {
+                    &mut self_recvs
                 }
-                P2p::Recv(b, p) => {
-                    steps.push(P2pStep::Recv {
-                        peer: p,
-                        buf: specs.len() as u16,
-                        len: b.len(),
-                    });
-                    specs.push(BufSpec::writable(as_bytes_mut(b)));
-                }
+                .push(r);
+                continue;
             }
+            let buf = regions.len() as u16;
+            steps.push(if is_send {
+                P2pStep::Send { peer, buf, len }
+            } else {
+                P2pStep::Recv { peer, buf, len }
+            });
+            regions.push(r);
         }
-        if specs.len() > u16::MAX as usize - 1 {
+        if regions.len() > u16::MAX as usize - 1 {
             return Err(Error::invalid("too many operations in one group"));
         }
         if self_sends.len() != self_recvs.len() {
@@ -434,19 +501,18 @@ impl Communicator {
             )));
         }
         for (s, r) in self_sends.iter().zip(&self_recvs) {
-            let rl = r.len();
-            if s.len() != rl {
+            if s.len != r.len {
+                let es = dtype.size();
                 return Err(Error::invalid(format!(
-                    "self send of {} elements matched with a receive of {rl}",
-                    s.len()
+                    "self send of {} elements matched with a receive of {}",
+                    s.len / es,
+                    r.len / es
                 )));
             }
         }
-        let dtype = T::DTYPE;
         self.run(move |inner, st| {
             for (s, r) in self_sends.iter().zip(&self_recvs) {
-                // SAFETY: distinct caller borrows (a & and a &mut cannot alias).
-                unsafe { (**r).copy_from_slice(s) };
+                inner.local_copy(st, *r, *s)?;
             }
             if steps.is_empty() {
                 return Ok(());
@@ -454,87 +520,125 @@ impl Communicator {
             let sched = algorithms::p2p(&steps, inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &steps, &sched, dtype);
             let fp = Fingerprint::new(Kind::P2p, dtype, 0);
-            inner.execute(st, fp, &sched, &specs, Some(per_step))
+            inner.execute(st, fp, &sched, &regions, Some(per_step))
         })
     }
 
     // ------------------------------------------------------------ async --
 
-    fn coll_async<T: Element>(
-        &self,
-        kind: Kind,
-        mut buf: Vec<T>,
-        op: ReduceOp,
-        root: usize,
-    ) -> Work<Vec<T>> {
-        let count = match self.check(kind, None, buf.len(), root) {
-            Ok(c) => c,
-            Err(e) => return self.inner.worker.submit(move || Err(e)),
-        };
-        let rank = self.rank();
-        let c = Coll {
-            kind,
-            dtype: T::DTYPE,
-            op,
-            root,
-            count,
-            in_place: true,
-        };
+    /// Queue an in-place collective on an owned buffer; the buffer comes
+    /// back from [`Work::wait`]. Its region is taken on the worker, after
+    /// the move, so any owned [`BufferMut`] works.
+    fn coll_async<T, B>(&self, kind: Kind, mut buf: B, op: ReduceOp, root: usize) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
+        let plan = self.plan(kind, None, buf.region_mut(), T::DTYPE, op, root);
+        if let Err(e) = plan {
+            return self.inner.worker.submit(move || Err(e));
+        }
+        let me = self.clone_handle();
         self.submit(move |inner, st| {
-            {
-                let es = T::DTYPE.size();
-                let bytes = as_bytes_mut(&mut buf);
-                let (send, recv) = match kind {
-                    Kind::AllGather => (
-                        Some(BufSpec {
-                            ptr: bytes[rank * count * es..].as_mut_ptr(),
-                            bytes: count * es,
-                        }),
-                        BufSpec::writable(bytes),
-                    ),
-                    Kind::ReduceScatter => (
-                        Some(BufSpec::writable(bytes)),
-                        BufSpec {
-                            ptr: bytes[rank * count * es..].as_mut_ptr(),
-                            bytes: count * es,
-                        },
-                    ),
-                    _ => (None, BufSpec::writable(bytes)),
-                };
-                run_coll(inner, st, &c, send, recv)?;
-            }
-            if kind == Kind::ReduceScatter {
-                buf.drain(..rank * count);
-                buf.truncate(count);
-            }
+            let (c, send, recv) = me.plan(kind, None, buf.region_mut(), T::DTYPE, op, root)?;
+            run_coll(inner, st, &c, send, recv)?;
             Ok(buf)
         })
     }
 
+    /// Queue an out-of-place collective on owned buffers, both given back.
+    fn coll_async2<T, S, R>(&self, kind: Kind, send: S, mut recv: R, op: ReduceOp) -> Work<(S, R)>
+    where
+        T: Element,
+        S: Buffer<T> + Send + 'static,
+        R: BufferMut<T> + Send + 'static,
+    {
+        let plan = self.plan(
+            kind,
+            Some(send.region()),
+            recv.region_mut(),
+            T::DTYPE,
+            op,
+            0,
+        );
+        if let Err(e) = plan {
+            return self.inner.worker.submit(move || Err(e));
+        }
+        let me = self.clone_handle();
+        self.submit(move |inner, st| {
+            let (s, r) = (send.region(), recv.region_mut());
+            let (c, s, r) = me.plan(kind, Some(s), r, T::DTYPE, op, 0)?;
+            run_coll(inner, st, &c, s, r)?;
+            Ok((send, recv))
+        })
+    }
+
     /// Async in-place all-reduce of an owned buffer.
-    pub fn all_reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
+    pub fn all_reduce_async<T, B>(&self, buf: B, op: ReduceOp) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.coll_async(Kind::AllReduce, buf, op, 0)
     }
-    /// Async all-gather: returns `nranks * send.len()` elements.
-    pub fn all_gather_async<T: Element>(&self, send: Vec<T>) -> Work<Vec<T>> {
-        let mut buf = vec![T::default(); send.len() * self.nranks()];
-        buf[self.rank() * send.len()..(self.rank() + 1) * send.len()].copy_from_slice(&send);
+    /// Async all-gather into `recv` (`nranks * send.len()` elements);
+    /// both buffers come back.
+    pub fn all_gather_async<T, S, R>(&self, send: S, recv: R) -> Work<(S, R)>
+    where
+        T: Element,
+        S: Buffer<T> + Send + 'static,
+        R: BufferMut<T> + Send + 'static,
+    {
+        self.coll_async2(Kind::AllGather, send, recv, ReduceOp::Sum)
+    }
+    /// Async in-place all-gather (this rank's part at `buf[rank*len..]`).
+    pub fn all_gather_in_place_async<T, B>(&self, buf: B) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.coll_async(Kind::AllGather, buf, ReduceOp::Sum, 0)
     }
-    /// Async reduce-scatter: returns this rank's `send.len() / nranks` elements.
-    pub fn reduce_scatter_async<T: Element>(&self, send: Vec<T>, op: ReduceOp) -> Work<Vec<T>> {
-        self.coll_async(Kind::ReduceScatter, send, op, 0)
+    /// Async reduce-scatter of `send` (`nranks * recv.len()` elements) into
+    /// `recv`; both buffers come back.
+    pub fn reduce_scatter_async<T, S, R>(&self, send: S, recv: R, op: ReduceOp) -> Work<(S, R)>
+    where
+        T: Element,
+        S: Buffer<T> + Send + 'static,
+        R: BufferMut<T> + Send + 'static,
+    {
+        self.coll_async2(Kind::ReduceScatter, send, recv, op)
+    }
+    /// Async in-place reduce-scatter (the result at `buf[rank*len..]`).
+    pub fn reduce_scatter_in_place_async<T, B>(&self, buf: B, op: ReduceOp) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
+        self.coll_async(Kind::ReduceScatter, buf, op, 0)
     }
     /// Async in-place broadcast.
-    pub fn broadcast_async<T: Element>(&self, buf: Vec<T>, root: usize) -> Work<Vec<T>> {
+    pub fn broadcast_async<T, B>(&self, buf: B, root: usize) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.coll_async(Kind::Broadcast, buf, ReduceOp::Sum, root)
     }
     /// Async in-place reduce (the root's buffer gets the result).
-    pub fn reduce_async<T: Element>(&self, buf: Vec<T>, op: ReduceOp, root: usize) -> Work<Vec<T>> {
+    pub fn reduce_async<T, B>(&self, buf: B, op: ReduceOp, root: usize) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.coll_async(Kind::Reduce, buf, op, root)
     }
     /// Async in-place all-to-all.
-    pub fn all_to_all_async<T: Element>(&self, buf: Vec<T>) -> Work<Vec<T>> {
+    pub fn all_to_all_async<T, B>(&self, buf: B) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.coll_async(Kind::AllToAll, buf, ReduceOp::Sum, 0)
     }
     /// Async barrier.
@@ -542,15 +646,27 @@ impl Communicator {
         self.submit(run_barrier)
     }
     /// Async send of an owned buffer (returned when sent).
-    pub fn send_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
+    pub fn send_async<T, B>(&self, buf: B, peer: usize) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.p2p_async(buf, peer, true)
     }
     /// Async receive into an owned buffer (returned when filled).
-    pub fn recv_async<T: Element>(&self, buf: Vec<T>, peer: usize) -> Work<Vec<T>> {
+    pub fn recv_async<T, B>(&self, buf: B, peer: usize) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         self.p2p_async(buf, peer, false)
     }
 
-    fn p2p_async<T: Element>(&self, mut buf: Vec<T>, peer: usize, is_send: bool) -> Work<Vec<T>> {
+    fn p2p_async<T, B>(&self, mut buf: B, peer: usize, is_send: bool) -> Work<B>
+    where
+        T: Element,
+        B: BufferMut<T> + Send + 'static,
+    {
         let n = self.nranks();
         if peer >= n || peer == self.rank() {
             let e = Error::invalid(format!(
@@ -560,9 +676,8 @@ impl Communicator {
         }
         let dtype = T::DTYPE;
         self.submit(move |inner, st| {
-            let len = buf.len();
-            let bytes = as_bytes_mut(&mut buf);
-            let spec = BufSpec::writable(bytes);
+            let r = buf.region_mut();
+            let len = elems("buffer", &r, dtype)?;
             let step = if is_send {
                 P2pStep::Send { peer, buf: 2, len }
             } else {
@@ -570,12 +685,11 @@ impl Communicator {
             };
             let sched = algorithms::p2p(&[step], inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &[step], &sched, dtype);
-            let dummy = BufSpec::EMPTY;
             inner.execute(
                 st,
                 Fingerprint::new(Kind::P2p, dtype, 0),
                 &sched,
-                &[dummy, dummy, spec],
+                &[Region::EMPTY, Region::EMPTY, r],
                 Some(per_step),
             )?;
             Ok(buf)

@@ -14,11 +14,14 @@ use crate::bootstrap::{self, Control, ControlSender};
 use crate::call::{Fingerprint, Kind};
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::executor::{self, BufSpec, CallCtx, Net};
+use crate::executor::{self, CallCtx, DirectCtx, Net, SyncFlags};
 use crate::handshake::Secret;
 use crate::id::UniqueId;
-use crate::net;
+use crate::mem::shared::SharedMaps;
+use crate::mem::{MemorySpace, Region};
+use crate::schedule::Action;
 use crate::schedule::Schedule;
+use crate::transport::net;
 use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
 use crate::work::{Work, Worker};
@@ -54,11 +57,16 @@ pub(crate) struct Inner {
     poison: Mutex<Option<Error>>,
     pub(crate) aborted: AtomicBool,
     abort_fd: OwnedFd,
+    /// The algorithm of the last collective that ran (its name).
+    pub(crate) last_algorithm: Mutex<&'static str>,
     pub(crate) worker: Worker,
     _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
     /// The endpoints' memory registries (zero-copy sends from
     /// `SharedBuffer`s on transports that have one: RDMA).
     pub(crate) registries: Vec<Arc<dyn crate::transport::Registry>>,
+    /// Direct access to every peer's memory, when one transport serves all
+    /// peers and can map their memory (shared memory on one host).
+    pub(crate) direct: Option<Arc<dyn crate::transport::DirectAccess>>,
 }
 
 pub(crate) struct State {
@@ -67,18 +75,17 @@ pub(crate) struct State {
     /// Sequence number of the next collective.
     pub(crate) seq: u64,
     /// Shared flag pages of this host's ranks (first `alloc_shared`).
-    pub(crate) flags: Option<crate::registered::Flags>,
+    pub(crate) flags: Option<SyncFlags>,
     /// Shared buffers allocated so far (their ids).
     pub(crate) shared_allocs: u64,
-    /// Flag phases used by zero-copy collectives so far (the counter every
-    /// rank's phase word follows).
-    pub(crate) shared_phase: u32,
-    /// Temporary chunk for in-place zero-copy reductions.
-    pub(crate) shared_tmp: Vec<u64>,
+    /// Registered buffers by id, for direct steps to find peers' memory.
+    pub(crate) shared: Vec<(u64, std::sync::Weak<SharedMaps>)>,
+    /// `Sync` phases passed so far (the counter every rank's flag follows).
+    pub(crate) sync_phase: u32,
     /// When the control connection was last read between calls.
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
-    schedules: Vec<(CollSpec, Arc<Schedule>)>,
+    schedules: Vec<(CollSpec, &'static str, Arc<Schedule>)>,
     /// Point-to-point operations issued per peer, per direction.
     p2p_sent: Vec<u64>,
     p2p_recvd: Vec<u64>,
@@ -96,8 +103,8 @@ impl State {
         spec: &CollSpec,
         forced: Option<&str>,
         tuning: &Tuning,
-    ) -> Result<Arc<Schedule>> {
-        if let Some(i) = self.schedules.iter().position(|(k, _)| k == spec) {
+    ) -> Result<(&'static str, Arc<Schedule>)> {
+        if let Some(i) = self.schedules.iter().position(|(k, _, _)| k == spec) {
             let hit = self.schedules.remove(i);
             self.schedules.push(hit);
         } else {
@@ -106,9 +113,27 @@ impl State {
             if self.schedules.len() == SCHEDULE_CACHE {
                 self.schedules.remove(0);
             }
-            self.schedules.push((*spec, Arc::new(alg.build(spec))));
+            self.schedules
+                .push((*spec, alg.name(), Arc::new(alg.build(spec))));
         }
-        Ok(self.schedules.last().unwrap().1.clone())
+        let (_, name, sched) = self.schedules.last().unwrap();
+        Ok((name, sched.clone()))
+    }
+}
+
+impl State {
+    /// Whether `r` is a registered buffer of this communicator that every
+    /// peer has mapped (so direct steps may use it).
+    pub(crate) fn is_direct(&self, inner: &Inner, r: &Region) -> bool {
+        match r.space {
+            MemorySpace::HostRegistered { comm, id } if comm == inner.comm_id => self
+                .shared
+                .iter()
+                .find(|(i, _)| *i == id)
+                .and_then(|(_, w)| w.upgrade())
+                .is_some_and(|m| m.zero_copy),
+            _ => false,
+        }
     }
 }
 
@@ -200,6 +225,10 @@ impl Communicator {
         let mut links: Vec<Option<Box<dyn crate::transport::Link>>> =
             (0..nranks).map(|_| None).collect();
         let mut per_transport = Vec::new();
+        // The one endpoint serving every peer, if there is one (direct
+        // access needs it).
+        let mut served_by: Option<usize> = None;
+        let mut mixed = false;
         for (t, ep) in endpoints.iter_mut().enumerate() {
             let mut mine = Vec::new();
             for p in peers.iter().filter(|p| p.rank != rank) {
@@ -215,6 +244,8 @@ impl Communicator {
                 }
             }
             if !mine.is_empty() {
+                mixed |= served_by.is_some();
+                served_by = Some(t);
                 per_transport.push(format!("{}:{}", transports.list[t].name(), mine.len()));
             }
             // Called even with no peers: the endpoint learns setup is over
@@ -228,6 +259,7 @@ impl Communicator {
                 "no transport produced a link to rank {missing}"
             )));
         }
+        let served_by = served_by.filter(|_| !mixed);
         let sender = control.sender()?;
         let local = peers.iter().filter(|p| p.host_id == me.host_id).count();
         let cores = std::thread::available_parallelism()
@@ -255,8 +287,8 @@ impl Communicator {
                     control_checked: Instant::now(),
                     flags: None,
                     shared_allocs: 0,
-                    shared_phase: 0,
-                    shared_tmp: Vec::new(),
+                    shared: Vec::new(),
+                    sync_phase: 0,
                     schedules: Vec::new(),
                     seq: 0,
                     p2p_sent: vec![0; nranks],
@@ -270,8 +302,12 @@ impl Communicator {
                 poison: Mutex::new(None),
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
+                last_algorithm: Mutex::new(""),
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
+                direct: served_by
+                    .filter(|_| nranks > 1)
+                    .and_then(|t| endpoints[t].direct()),
                 _endpoints: Mutex::new(endpoints),
             }),
         })
@@ -300,6 +336,13 @@ impl Communicator {
     /// What every rank reported at bootstrap (host, pid, ...), by rank.
     pub fn peers(&self) -> &[PeerInfo] {
         &self.inner.peers
+    }
+
+    /// The algorithm that ran the last collective of this communicator
+    /// (`ring`, `oneshot`, `direct`, ...; see `algorithms::REGISTRY`), or
+    /// `None` before the first one.
+    pub fn last_algorithm(&self) -> Option<&'static str> {
+        Some(*self.inner.last_algorithm.lock().unwrap()).filter(|s| !s.is_empty())
     }
 
     /// The error that poisoned this communicator, if any.
@@ -374,6 +417,13 @@ impl Communicator {
     fn local_ip(&self) -> std::net::IpAddr {
         net::pick_address(self.inner.config.socket_ifname.as_deref())
             .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// Another handle on this communicator (for work queued on the worker).
+    pub(crate) fn clone_handle(&self) -> Communicator {
+        Communicator {
+            inner: self.inner.clone(),
+        }
     }
 
     /// Run `f` as the next call in issue order (blocking, this thread).
@@ -462,7 +512,7 @@ impl Inner {
                 let mut st = self.state.lock().unwrap();
                 let r = f(self, &mut st);
                 if let Err(e) = &r {
-                    if !matches!(e, Error::InvalidArgument(_)) {
+                    if !e.is_local() {
                         st.net.close_all();
                         drop(st);
                         self.set_poison(e.clone());
@@ -485,7 +535,7 @@ impl Inner {
         st: &mut State,
         fp: Fingerprint,
         sched: &Schedule,
-        bufs: &[BufSpec],
+        bufs: &[Region],
         per_step: Option<Vec<(u64, Fingerprint)>>,
     ) -> Result<()> {
         let seq = if fp.kind == Kind::P2p {
@@ -513,6 +563,32 @@ impl Inner {
                 ));
             }
         }
+        // Direct steps need the flag pages and the peers' mappings of the
+        // call's registered buffers.
+        let syncs = sched
+            .steps
+            .iter()
+            .filter(|s| s.action == Action::Sync)
+            .count() as u32;
+        let direct = match (&st.flags, syncs > 0) {
+            (Some(flags), true) => {
+                let find = |r: Option<&Region>| match r.map(|r| r.space) {
+                    Some(MemorySpace::HostRegistered { comm, id }) if comm == self.comm_id => st
+                        .shared
+                        .iter()
+                        .find(|(i, _)| *i == id)
+                        .and_then(|(_, w)| w.upgrade()),
+                    _ => None,
+                };
+                Some(DirectCtx {
+                    flags,
+                    base: st.sync_phase,
+                    maps: [find(bufs.first()), find(bufs.get(1))],
+                })
+            }
+            _ => None,
+        };
+        st.sync_phase = st.sync_phase.wrapping_add(syncs);
         let mut cx = CallCtx {
             rank: self.rank,
             nranks: self.nranks,
@@ -531,8 +607,15 @@ impl Inner {
             sender: &self.sender,
             abort_fd: self.abort_fd.as_raw_fd(),
             aborted: &self.aborted,
+            direct,
         };
         executor::execute(sched, bufs, &mut st.net, &mut cx)
+    }
+
+    /// Copy `src` to `dst` with the compute engine (a group's sends to
+    /// this rank itself).
+    pub(crate) fn local_copy(&self, st: &mut State, dst: Region, src: Region) -> Result<()> {
+        st.net.local_copy(dst, src)
     }
 
     /// The knobs of automatic algorithm choice.

@@ -74,12 +74,22 @@ pub enum Error {
     Config(String),
     /// A local system resource could not be obtained (memory, mappings).
     System(String),
+    /// The call needs something this build or machine lacks (device memory
+    /// without a compute engine or link for it, ...); caught before
+    /// anything was sent, so the communicator stays usable.
+    Unsupported(String),
 }
 
 impl Error {
     /// Shorthand for [`Error::InvalidArgument`].
     pub fn invalid(msg: impl Into<String>) -> Error {
         Error::InvalidArgument(msg.into())
+    }
+
+    /// Whether the error was caught before anything was exchanged, so the
+    /// communicator stays usable (argument errors, unsupported memory).
+    pub fn is_local(&self) -> bool {
+        matches!(self, Error::InvalidArgument(_) | Error::Unsupported(_))
     }
 
     /// The rank this error blames, where there is one.
@@ -125,6 +135,7 @@ impl fmt::Display for Error {
                 f,
                 "system resource failure: {m}; check memory limits (ulimit -v, cgroup memory, vm.max_map_count)"
             ),
+            Error::Unsupported(m) => write!(f, "unsupported: {m}"),
         }
     }
 }

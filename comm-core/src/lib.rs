@@ -8,37 +8,42 @@
 //! It knows no concrete transport: the `oxccl` facade passes them in.
 
 pub use algorithms;
+/// Schedules live in the `algorithms` crate (no runtime); re-exported.
 pub use algorithms::schedule;
 
 pub mod api;
-pub mod bootstrap;
 pub mod call;
 pub mod comm;
+pub mod compute;
 pub mod config;
-pub mod door;
-pub mod env;
+pub mod control;
 pub mod error;
-pub mod executor;
+pub mod exec;
 pub mod fuzz;
-pub mod handshake;
-pub mod id;
-pub mod net;
-pub mod registered;
-pub mod shmem;
+pub mod mem;
+pub mod sys;
 pub mod transport;
 pub mod types;
 pub mod wire;
 pub mod work;
 
+// Short paths for what transports and tools use most.
+pub use control::{bootstrap, env, handshake, id};
+pub use exec as executor;
+pub use transport::{door, net};
+
 pub use api::P2p;
 pub use comm::Communicator;
+pub use compute::{Compute, HostCompute};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use id::UniqueId;
 pub use kernels::{bf16, f16};
-pub use registered::{MemoryRegistration, SharedBuffer};
+pub use mem::{
+    Buffer, BufferMut, DeviceKind, MemoryRegistration, MemorySpace, Region, SharedBuffer,
+};
 pub use transport::{
-    Endpoint, Link, PeerInfo, Registration, Registry, SetupCtx, Transport, Transports,
+    DirectAccess, Endpoint, Link, PeerInfo, Registration, Registry, SetupCtx, Transport, Transports,
 };
 pub use types::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};
 pub use work::Work;

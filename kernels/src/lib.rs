@@ -91,9 +91,12 @@ impl Isa {
         })
     }
 
-    /// Whether the running CPU can execute kernels of this level.
+    /// Whether the running CPU can execute kernels of this level. Checked
+    /// on every kernel call, so it reads a value detected once (no
+    /// allocation, no CPUID).
     pub fn is_supported(self) -> bool {
-        Isa::available().contains(&self)
+        static BEST: OnceLock<Isa> = OnceLock::new();
+        self <= *BEST.get_or_init(|| *Isa::available().last().unwrap_or(&Isa::Baseline))
     }
 }
 

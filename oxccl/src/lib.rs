@@ -24,8 +24,9 @@ pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
 pub use comm_core::{algorithms, schedule, transport};
 pub use comm_core::{
-    bf16, f16, Communicator, Config, DataType, Element, Error, MemoryRegistration, P2p, PeerInfo,
-    ReduceOp, Result, SharedBuffer, UniqueId, Work,
+    bf16, f16, Buffer, BufferMut, Communicator, Compute, Config, DataType, DeviceKind, Element,
+    Error, HostCompute, MemoryRegistration, MemorySpace, P2p, PeerInfo, ReduceOp, Region, Result,
+    SharedBuffer, UniqueId, Work,
 };
 
 pub mod launch;
@@ -43,7 +44,8 @@ use transport_tcp::TcpTransport;
 pub mod prelude {
     pub use crate::{init_logging, CommunicatorExt};
     pub use comm_core::{
-        Communicator, Config, DataType, Element, Error, ReduceOp, Result, UniqueId,
+        Buffer, BufferMut, Communicator, Config, DataType, Element, Error, ReduceOp, Result,
+        UniqueId,
     };
 }
 

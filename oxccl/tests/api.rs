@@ -72,15 +72,15 @@ fn async_calls_run_in_issue_order_and_mix_with_blocking_ones() {
     with_ranks(3, test_config(), |c| {
         let r = c.rank() as f64;
         let w1 = c.all_reduce_async(vec![r; 1000], ReduceOp::Sum);
-        let w2 = c.all_gather_async(vec![r; 2]);
-        let w3 = c.reduce_scatter_async(vec![1.0f64; 6], ReduceOp::Sum);
+        let w2 = c.all_gather_async(vec![r; 2], vec![0.0; 6]);
+        let w3 = c.reduce_scatter_async(vec![1.0f64; 6], vec![0.0; 2], ReduceOp::Sum);
         let mut b = [r; 4];
         c.all_reduce_in_place(&mut b, ReduceOp::Max).unwrap(); // waits for w1..w3
         assert_eq!(b, [2.0; 4]);
         assert!(w1.is_done());
         assert_eq!(w1.wait().unwrap(), vec![3.0; 1000]);
-        assert_eq!(w2.wait().unwrap(), vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0]);
-        assert_eq!(w3.wait().unwrap(), vec![3.0; 2]);
+        assert_eq!(w2.wait().unwrap().1, vec![0.0, 0.0, 1.0, 1.0, 2.0, 2.0]);
+        assert_eq!(w3.wait().unwrap().1, vec![3.0; 2]);
         let w = c.broadcast_async(vec![r; 3], 1);
         assert_eq!(w.wait().unwrap(), vec![1.0; 3]);
         c.barrier_async().wait().unwrap();
@@ -379,7 +379,15 @@ mod registered {
                     n > 1 && c.peers().iter().all(|p| p.host_id == c.peers()[0].host_id)
                 );
                 buf.copy_from_slice(&input);
-                c.all_reduce_shared(&mut buf, op).unwrap();
+                c.all_reduce_in_place(&mut buf, op).unwrap();
+                let want = if buf.is_zero_copy() {
+                    "direct"
+                } else if count * std::mem::size_of::<T>() <= 16 << 10 {
+                    "oneshot"
+                } else {
+                    "ring"
+                };
+                assert_eq!(c.last_algorithm(), Some(want), "count {count}");
                 for i in 0..count {
                     assert!(
                         T::same(buf[i], expected(op, n, i)),
@@ -390,7 +398,7 @@ mod registered {
                 let mut send = c.alloc_shared::<T>(count).unwrap();
                 send.copy_from_slice(&input);
                 let mut recv = c.alloc_shared::<T>(count).unwrap();
-                c.all_reduce_shared_from(&send, &mut recv, op).unwrap();
+                c.all_reduce(&send, &mut recv, op).unwrap();
                 for i in 0..count {
                     assert!(
                         T::same(recv[i], expected(op, n, i)),
@@ -411,7 +419,7 @@ mod registered {
             for root in [0, n - 1] {
                 let mut b = c.alloc_shared::<T>(count).unwrap();
                 b.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
-                c.broadcast_shared(&mut b, root).unwrap();
+                c.broadcast_in_place(&mut b, root).unwrap();
                 for i in 0..count {
                     assert!(
                         T::same(b[i], T::from_i(value(ReduceOp::Sum, root, i))),
@@ -423,7 +431,7 @@ mod registered {
             // all_gather: this rank's part at rank * count
             let mut b = c.alloc_shared::<T>(n * count).unwrap();
             b[r * count..(r + 1) * count].copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
-            c.all_gather_shared(&mut b).unwrap();
+            c.all_gather_in_place(&mut b).unwrap();
             for i in 0..n * count {
                 assert!(
                     T::same(b[i], T::from_i(value(ReduceOp::Sum, i / count, i % count))),
@@ -436,7 +444,11 @@ mod registered {
                 let full: Vec<T> = data(op, r, 0, n * count);
                 let mut b = c.alloc_shared::<T>(n * count).unwrap();
                 b.copy_from_slice(&full);
-                c.reduce_scatter_shared(&mut b, op).unwrap();
+                c.reduce_scatter_in_place(&mut b, op).unwrap();
+                assert_eq!(
+                    c.last_algorithm(),
+                    Some(if b.is_zero_copy() { "direct" } else { "ring" })
+                );
                 for i in 0..n * count {
                     let want = if i / count.max(1) == r && count > 0 {
                         expected(op, n, i)
@@ -496,7 +508,7 @@ mod registered {
             } else {
                 ReduceOp::Sum
             };
-            let e = c.all_reduce_shared(&mut b, op).unwrap_err();
+            let e = c.all_reduce_in_place(&mut b, op).unwrap_err();
             assert!(
                 matches!(
                     e,

@@ -139,7 +139,7 @@ fn mismatch_matrix_shm() {
 fn mismatch_matrix_registered() {
     fn reg(c: &Communicator, len: usize, op: ReduceOp) -> Result<()> {
         let mut b = c.alloc_shared::<f32>(len)?;
-        c.all_reduce_shared(&mut b, op)
+        c.all_reduce_in_place(&mut b, op)
     }
     case(
         test_config(),

@@ -117,9 +117,12 @@ impl ShardState {
     }
 }
 
+/// An out-of-place async call's (send, recv) buffers.
+type Pair = Work<(Vec<f32>, Vec<f32>)>;
+
 /// Gathered unit: padded full buffer cut to its true length.
-fn gathered(work: Work<Vec<f32>>, len: usize) -> oxccl::Result<Vec<f32>> {
-    let mut v = work.wait()?;
+fn gathered(work: Pair, len: usize) -> oxccl::Result<Vec<f32>> {
+    let (_, mut v) = work.wait()?;
     v.truncate(len);
     Ok(v)
 }
@@ -149,7 +152,11 @@ pub fn step(
     let mut local_loss = 0.0f32;
     let mut tokens = 0;
     let mut comm_seconds = 0.0;
-    let gather = |u: usize| comm.all_gather_async(st.shards[u].clone());
+    let gather = |u: usize| {
+        let shard = st.shards[u].clone();
+        let full = vec![0.0f32; shard.len() * n];
+        comm.all_gather_async(shard, full)
+    };
     for micro in 0..cfg.accum {
         let per_rank = cfg.batch / n;
         let per_micro = per_rank / cfg.accum;
@@ -191,7 +198,7 @@ pub fn step(
             .get(xl.as_tensor())
             .ok_or_else(|| TrainError::Config("no gradient reached the head input".into()))?
             .clone();
-        let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
+        let mut pending: Vec<(usize, Pair)> = Vec::new();
         let mut scatter = |u: usize,
                            vars: &[Var],
                            g: &candle_core::backprop::GradStore,
@@ -203,7 +210,8 @@ pub fn step(
             flat.resize(st.shards[u].len() * n, 0.0);
             note((flat.len() * 4) as isize, mem);
             let bytes = flat.len() * 4;
-            pending.push((u, comm.reduce_scatter_async(flat, ReduceOp::Avg)));
+            let shard = vec![0.0f32; st.shards[u].len()];
+            pending.push((u, comm.reduce_scatter_async(flat, shard, ReduceOp::Avg)));
             note(-(bytes as isize), mem);
             Ok(())
         };
@@ -243,7 +251,7 @@ pub fn step(
         note(-((full.len() * 4) as isize), &mut mem);
         let tc = Instant::now();
         for (u, work) in pending {
-            let shard = work.wait()?;
+            let (_, shard) = work.wait()?;
             for (acc, v) in shard_grads[u].iter_mut().zip(shard) {
                 *acc += v / cfg.accum as f32;
             }

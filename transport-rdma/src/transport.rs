@@ -11,7 +11,7 @@ use comm_core::door::Door;
 use comm_core::handshake::{self, Hello, Purpose};
 use comm_core::transport::{Endpoint, Link, Registry, SetupCtx, Transport};
 use comm_core::wire;
-use comm_core::{Error, Result};
+use comm_core::{Error, Region, Result};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
@@ -234,7 +234,14 @@ struct CacheRegistry {
 }
 
 impl Registry for CacheRegistry {
-    fn register(&self, addr: usize, len: usize) -> Result<()> {
+    fn register(&self, region: &Region) -> Result<()> {
+        if !region.space.is_host() {
+            return Err(Error::Unsupported(format!(
+                "registering {} with RDMA device {}: device memory (GPUDirect) is not supported yet",
+                region.space, self.device
+            )));
+        }
+        let (addr, len) = (region.addr, region.len);
         // SAFETY: comm-core registers only memory it owns (a SharedBuffer's
         // mapping) and unregisters it before unmapping it.
         let r = self.cache.insert(addr, len, || unsafe {
@@ -252,8 +259,8 @@ impl Registry for CacheRegistry {
         })
     }
 
-    fn unregister(&self, addr: usize, len: usize) {
-        self.cache.remove(addr, len);
+    fn unregister(&self, region: &Region) {
+        self.cache.remove(region.addr, region.len);
     }
 }
 

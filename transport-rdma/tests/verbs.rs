@@ -130,7 +130,7 @@ fn registered_memory_is_sent_zero_copy() {
     let (mut a, mut b, reg) = pair(&t, 1 << 20);
     let data = pattern(4 << 20, 3);
     let _r =
-        comm_core::transport::Registration::new(reg, data.as_ptr() as usize, data.len()).unwrap();
+        comm_core::transport::Registration::new(reg, comm_core::Region::host(&data[..])).unwrap();
     // The first call only posts (nothing is done until a completion).
     let first = a.write(0, &[IoSlice::new(&data)]);
     assert!(
@@ -314,7 +314,7 @@ fn closing_with_zero_copy_writes_in_flight_is_clean() {
     let (mut a, mut b, reg) = pair(&t, 1 << 20);
     let data = pattern(4 << 20, 9);
     let _r =
-        comm_core::transport::Registration::new(reg, data.as_ptr() as usize, data.len()).unwrap();
+        comm_core::transport::Registration::new(reg, comm_core::Region::host(&data[..])).unwrap();
     let first = a.write(0, &[IoSlice::new(&data)]);
     assert!(matches!(&first, Err(e) if e.kind() == ErrorKind::WouldBlock));
     // What abort() does to every link: the QP goes to the error state (the

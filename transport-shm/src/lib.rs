@@ -13,8 +13,11 @@
 //! `OXCCL_SHM_BUFFSIZE` sizes each direction (default: two chunks of
 //! `OXCCL_BUFFSIZE` plus 64 KiB, so a chunk is never half-written).
 
+mod direct;
 pub mod ring;
 mod sys;
+
+pub use direct::ShmDirect;
 
 use comm_core::door::Door;
 use comm_core::handshake::{self, Hello, Purpose};
@@ -161,6 +164,10 @@ impl Endpoint for ShmEndpoint {
             |peer, addr| Ok(Box::new(dial(ctx, peer, addr, cap, deadline)?) as Box<dyn Link>),
             &self.incoming,
         )
+    }
+
+    fn direct(&self) -> Option<std::sync::Arc<dyn comm_core::transport::DirectAccess>> {
+        Some(std::sync::Arc::new(ShmDirect))
     }
 }
 

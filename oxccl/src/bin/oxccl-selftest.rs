@@ -165,7 +165,7 @@ fn main() {
             let mut i = 0u64;
             loop {
                 let r = match shared.as_mut() {
-                    Some(s) => comm.all_reduce_shared(s, ReduceOp::Sum),
+                    Some(s) => comm.all_reduce_in_place(s, ReduceOp::Sum),
                     None => comm.all_reduce_in_place(&mut buf, ReduceOp::Sum),
                 };
                 if let Err(e) = r {

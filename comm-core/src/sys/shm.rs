@@ -1,6 +1,6 @@
 //! Anonymous shared memory: memfd files (never named, so nothing can be
 //! left in `/dev/shm`) and shared mappings of them. Used by registered
-//! buffers here and by the shared-memory transport.
+//! buffers and by the shared-memory transport.
 
 use std::io::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -11,9 +11,13 @@
 //! to one peer, driven without blocking (the executor multiplexes every
 //! link of a call on one thread and waits with `poll(2)` on their fds).
 
+pub mod door;
+pub mod net;
+
 use crate::config::Config;
 use crate::error::Result;
 use crate::handshake::Secret;
+use crate::mem::{MemorySpace, Region};
 use std::io::{IoSlice, IoSliceMut};
 use std::net::IpAddr;
 use std::os::fd::RawFd;
@@ -57,6 +61,34 @@ pub trait Endpoint: Send {
     fn registry(&self) -> Option<Arc<dyn Registry>> {
         None
     }
+    /// Direct access to the memory of the peers this endpoint links, when
+    /// its links can map it (shared memory; CUDA IPC next). Default: none.
+    fn direct(&self) -> Option<Arc<dyn DirectAccess>> {
+        None
+    }
+}
+
+/// Memory mapped into this process for direct access: this rank's own
+/// exported memory, or a peer's imported into it. Unmapped when dropped.
+pub trait Mapped: Send + Sync {
+    /// Where it is mapped here.
+    fn region(&self) -> Region;
+}
+
+/// A transport's ability to let ranks map each other's memory, so that
+/// schedules can read and write peers' buffers directly
+/// ([`crate::schedule::Action::ReduceFrom`], `CopyFrom`, `Sync` flag
+/// words) instead of exchanging messages. Shared memory implements it with
+/// memfds; CUDA IPC would with `cuIpcGetMemHandle`/`cuIpcOpenMemHandle`
+/// (regions in a device space, reached by a device compute engine).
+pub trait DirectAccess: Send + Sync {
+    /// Allocate `len` zeroed bytes peers can map, and the handle (a few
+    /// bytes, sent to every peer) they map it with.
+    fn export(&self, len: usize) -> Result<(Box<dyn Mapped>, Vec<u8>)>;
+    /// Map the `len` bytes rank `peer` exported with `handle`. A handle
+    /// that does not decode is `Error::Protocol`; memory that cannot be
+    /// mapped is `Error::Transport` naming the peer.
+    fn import(&self, peer: usize, handle: &[u8], len: usize) -> Result<Box<dyn Mapped>>;
 }
 
 /// Memory a transport may read directly (zero-copy) while it stays
@@ -64,41 +96,42 @@ pub trait Endpoint: Send {
 /// `comm-core` registers the memory of [`crate::SharedBuffer`]s (it knows
 /// their lifetime) and unregisters it when the buffer is dropped.
 pub trait Registry: Send + Sync {
-    /// Make `len` bytes at `addr` usable for zero-copy transfers. The
-    /// memory is host memory today; device memory (GPUDirect) would add a
-    /// kind argument here.
-    fn register(&self, addr: usize, len: usize) -> Result<()>;
-    /// Undo one [`Registry::register`] of exactly this range.
-    fn unregister(&self, addr: usize, len: usize);
+    /// Make `region` usable for zero-copy transfers. A space the transport
+    /// cannot register (device memory without GPUDirect) is
+    /// `Error::Unsupported`.
+    fn register(&self, region: &Region) -> Result<()>;
+    /// Undo one [`Registry::register`] of exactly this region.
+    fn unregister(&self, region: &Region);
 }
 
-/// A registered range, unregistered on drop.
+/// A registered region, unregistered on drop.
 pub struct Registration {
     registry: Arc<dyn Registry>,
-    addr: usize,
-    len: usize,
+    region: Region,
 }
 
 impl Registration {
-    /// Register `len` bytes at `addr` with `registry`.
-    pub fn new(registry: Arc<dyn Registry>, addr: usize, len: usize) -> Result<Registration> {
-        registry.register(addr, len)?;
-        Ok(Registration {
-            registry,
-            addr,
-            len,
-        })
+    /// Register `region` with `registry`.
+    pub fn new(registry: Arc<dyn Registry>, region: Region) -> Result<Registration> {
+        registry.register(&region)?;
+        Ok(Registration { registry, region })
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.registry.unregister(self.addr, self.len);
+        self.registry.unregister(&self.region);
     }
 }
 
 /// Ordered, full-duplex, non-blocking byte streams to one peer.
 pub trait Link: Send {
+    /// Whether the link can move bytes to and from memory in `space`
+    /// (default: host memory only; a GPUDirect link would add device
+    /// spaces).
+    fn reaches(&self, space: MemorySpace) -> bool {
+        space.is_host()
+    }
     /// Number of independent streams (at least 1).
     fn streams(&self) -> usize;
     /// Write some of `bufs` to `stream`; `ErrorKind::WouldBlock` when full.

@@ -14,58 +14,35 @@
 //! rank that runs a different call is reported as a mismatch and a stray
 //! or truncated message can never be taken for data.
 
+mod direct;
+pub(crate) mod failure;
+mod header;
+
+pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
+pub(crate) use failure::{describe_call, notice_for, notice_to_error, stall_error, CallName};
+pub use header::{WireHeader, HEADER_LEN};
+
 use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
-use crate::call::{Fingerprint, Kind};
+use crate::call::Fingerprint;
+use crate::compute::{Compute, HostCompute, Pending};
 use crate::error::{Error, Result};
+use crate::mem::Region;
 use crate::schedule::{Action, Schedule, Span, SCRATCH};
 use crate::transport::{Link, PeerInfo};
 use crate::types::DataType;
-use crate::with_dtype;
+use header::MAGIC;
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-/// Bytes of the per-message header.
-pub const HEADER_LEN: usize = 48;
-const MAGIC: &[u8; 4] = b"OXM1";
 /// How long a rank that saw a peer's connection close waits for the root
 /// to explain (another rank's failure) before blaming that peer.
 const EXPLAIN_GRACE: Duration = Duration::from_millis(1500);
 /// How long a waiting call spins without yielding when it has a core.
 const PURE_SPIN: Duration = Duration::from_micros(2);
-/// How long a rank that timed out waits for the root's verdict.
-const STALL_VERDICT_WAIT: Duration = Duration::from_millis(1500);
 /// Streams per link the staging table is sized for.
 pub const MAX_STREAMS: usize = 16;
-
-/// A caller buffer as raw memory for the duration of one call.
-#[derive(Clone, Copy, Debug)]
-pub struct BufSpec {
-    pub ptr: *mut u8,
-    pub bytes: usize,
-}
-
-impl BufSpec {
-    /// No memory (barriers, unused buffer slots): a dangling, aligned
-    /// pointer to zero bytes.
-    pub const EMPTY: BufSpec = BufSpec {
-        ptr: std::ptr::NonNull::<u8>::dangling().as_ptr(),
-        bytes: 0,
-    };
-    pub fn read_only(s: &[u8]) -> BufSpec {
-        BufSpec {
-            ptr: s.as_ptr() as *mut u8,
-            bytes: s.len(),
-        }
-    }
-    pub fn writable(s: &mut [u8]) -> BufSpec {
-        BufSpec {
-            ptr: s.as_mut_ptr(),
-            bytes: s.len(),
-        }
-    }
-}
 
 /// The data-moving state a communicator owns between calls.
 pub struct Net {
@@ -75,6 +52,8 @@ pub struct Net {
     scratch: Vec<u64>,
     pollfds: Vec<libc::pollfd>,
     work: Work,
+    /// The engine of local work (host today; a device engine per device).
+    compute: Box<dyn Compute>,
 }
 
 /// Per-call bookkeeping, kept between calls so that a call allocates
@@ -88,8 +67,11 @@ struct Work {
     recvd: Vec<u32>,
     locals: Vec<u32>,
     done: Vec<bool>,
-    /// Source addresses of a `Combine`.
-    srcs: Vec<usize>,
+    /// Sources of a reduction.
+    srcs: Vec<Region>,
+    /// Local work an asynchronous engine has not completed yet.
+    inflight: Vec<(u32, Pending)>,
+    started: Vec<bool>,
 }
 
 impl Net {
@@ -101,7 +83,17 @@ impl Net {
             scratch: Vec::new(),
             pollfds: Vec::new(),
             work: Work::default(),
+            compute: Box::new(HostCompute::new()),
         }
+    }
+
+    /// `dst = src` on this rank's compute engine, to completion.
+    pub fn local_copy(&mut self, dst: Region, src: Region) -> Result<()> {
+        let p = self.compute.copy(dst, src)?;
+        while !self.compute.poll(p)? {
+            std::thread::yield_now();
+        }
+        Ok(())
     }
 
     /// Close every link (used on poison and drop).
@@ -136,6 +128,9 @@ pub(crate) struct CallCtx<'a> {
     pub sender: &'a std::sync::Mutex<ControlSender>,
     pub abort_fd: RawFd,
     pub aborted: &'a AtomicBool,
+    /// Direct access (registered buffers, `Sync` phases), when the call
+    /// has it.
+    pub direct: Option<DirectCtx<'a>>,
 }
 
 impl CallCtx<'_> {
@@ -252,7 +247,6 @@ impl CallCtx<'_> {
                 self.during
             )));
         };
-        let mine = describe_call(&my_fp, my_seq);
         let Some(fp) = fp else {
             return Err(Error::Protocol(format!(
                 "rank {peer} sent an unreadable call fingerprint during {}",
@@ -261,7 +255,8 @@ impl CallCtx<'_> {
         };
         if seq != my_seq || !fp.agrees_with(&my_fp) {
             return Err(Error::Mismatch {
-                local: mine,
+                // Described only now: headers are checked per message.
+                local: describe_call(&my_fp, my_seq),
                 peer,
                 remote: describe_call(&fp, seq),
             });
@@ -273,31 +268,6 @@ impl CallCtx<'_> {
             )));
         }
         Ok(())
-    }
-}
-
-/// A message header as read from the wire (see [`HEADER_LEN`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WireHeader {
-    pub seq: u64,
-    pub msg: u32,
-    pub len: u64,
-    /// `None` when the fingerprint bytes name no known call.
-    pub fp: Option<Fingerprint>,
-}
-
-impl WireHeader {
-    /// Decode; `None` unless the magic is right. Total: any 48 bytes.
-    pub fn parse(h: &[u8; HEADER_LEN]) -> Option<WireHeader> {
-        if &h[..4] != MAGIC {
-            return None;
-        }
-        Some(WireHeader {
-            seq: u64::from_le_bytes(h[8..16].try_into().unwrap()),
-            msg: u32::from_le_bytes(h[16..20].try_into().unwrap()),
-            len: u64::from_le_bytes(h[24..32].try_into().unwrap()),
-            fp: Fingerprint::decode(h[32..48].try_into().unwrap()),
-        })
     }
 }
 
@@ -315,35 +285,36 @@ struct Chan {
     r_hdr: [u8; HEADER_LEN],
 }
 
-/// Resolved memory of a span.
-fn mem(
-    bufs: &[BufSpec],
-    scratch: *mut u8,
-    scratch_bytes: usize,
-    sp: Span,
-    es: usize,
-) -> (*mut u8, usize) {
-    let (base, cap) = if sp.buf == SCRATCH {
-        (scratch, scratch_bytes)
+/// The memory of `sp`: a caller buffer or the scratch area. Spans outside
+/// their buffer are a schedule bug: they panic rather than touch memory.
+fn region(bufs: &[Region], scratch: Region, sp: Span, es: usize) -> Region {
+    let base = if sp.buf == SCRATCH {
+        scratch
     } else {
-        (bufs[sp.buf as usize].ptr, bufs[sp.buf as usize].bytes)
+        bufs[sp.buf as usize]
     };
-    let (off, len) = (sp.off * es, sp.len * es);
-    assert!(
-        off + len <= cap,
-        "schedule span {sp:?} exceeds its buffer of {cap} bytes"
-    );
-    // SAFETY: off + len <= cap keeps the pointer inside (or one past) the buffer.
-    (unsafe { base.add(off) }, len)
+    base.sub(sp.off * es, sp.len * es)
 }
 
 /// Run `sched` with `bufs` indexed by [`BufId`] (INPUT and OUTPUT first).
+///
+/// [`BufId`]: crate::schedule::BufId
 pub(crate) fn execute(
     sched: &Schedule,
-    bufs: &[BufSpec],
+    bufs: &[Region],
     net: &mut Net,
     cx: &mut CallCtx<'_>,
 ) -> Result<()> {
+    for b in bufs {
+        if b.len > 0 && !net.compute.reaches(b.space) {
+            return Err(Error::Unsupported(format!(
+                "{} of {} bytes: the {} compute engine cannot reach it, and this build has no engine that can (device memory needs the cuda feature)",
+                b.space,
+                b.len,
+                net.compute.name()
+            )));
+        }
+    }
     let mut w = std::mem::take(&mut net.work);
     let r = execute_with(sched, bufs, net, cx, &mut w);
     net.work = w;
@@ -352,7 +323,7 @@ pub(crate) fn execute(
 
 fn execute_with(
     sched: &Schedule,
-    bufs: &[BufSpec],
+    bufs: &[Region],
     net: &mut Net,
     cx: &mut CallCtx<'_>,
     w: &mut Work,
@@ -367,7 +338,8 @@ fn execute_with(
     if net.scratch.len() * 8 < scratch_bytes {
         net.scratch.resize(scratch_bytes.div_ceil(8), 0);
     }
-    let scratch = net.scratch.as_mut_ptr() as *mut u8;
+    let scratch =
+        Region::host_mut(&mut crate::types::as_bytes_mut(&mut net.scratch[..])[..scratch_bytes]);
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -380,6 +352,9 @@ fn execute_with(
     w.locals.clear();
     w.done.clear();
     w.done.resize(nsteps, false);
+    w.started.clear();
+    w.started.resize(nsteps, false);
+    w.inflight.clear();
     let Work {
         chans,
         nchans,
@@ -389,15 +364,14 @@ fn execute_with(
         locals,
         done,
         srcs,
+        inflight,
+        started,
     } = w;
+    let compute = &mut net.compute;
     for (i, st) in sched.steps.iter().enumerate() {
-        let (peer, is_send) = match st.action {
-            Action::Send { peer, .. } => (peer, true),
-            Action::Recv { peer, .. } | Action::RecvReduce { peer, .. } => (peer, false),
-            _ => {
-                locals.push(i as u32);
-                continue;
-            }
+        let Some((peer, is_send)) = st.action.message_peer() else {
+            locals.push(i as u32);
+            continue;
         };
         let link = net
             .links
@@ -465,6 +439,10 @@ fn execute_with(
     }
 
     let chans = &mut chans[..*nchans];
+    // Room for every fd a wait can need (channels, control, abort, engine),
+    // now: a call that first sleeps late must not allocate then.
+    net.pollfds.clear();
+    net.pollfds.reserve(chans.len() + 3);
     let mut remaining = nsteps;
     let mut idle_since: Option<Instant> = None;
     let ready = |done: &[bool], i: u32| {
@@ -473,33 +451,52 @@ fn execute_with(
             .iter()
             .all(|d| done[*d as usize])
     };
+    // `Sync` steps are fences: the next one waits for every earlier step,
+    // and no later local step starts before it completed.
+    let next_sync_from = |from: usize| {
+        sched.steps[from..]
+            .iter()
+            .position(|s| s.action == Action::Sync)
+            .map(|p| p + from)
+    };
+    let mut next_sync = next_sync_from(0);
+    let mut syncs_passed: u32 = 0;
+    let mut arrived = false;
 
     loop {
         let mut progressed = false;
+        let mut sync_wait: Option<(usize, u32)> = None;
+
+        // Asynchronous local work that completed.
+        let mut k = 0;
+        while k < inflight.len() {
+            let (i, p) = inflight[k];
+            if compute.poll(p)? {
+                inflight.swap_remove(k);
+                done[i as usize] = true;
+                remaining -= 1;
+                progressed = true;
+            } else {
+                k += 1;
+            }
+        }
 
         // Local steps whose inputs are ready.
         for &i in locals.iter() {
-            if done[i as usize] || !ready(done, i) {
+            let iu = i as usize;
+            if done[iu] || started[iu] || !ready(done, i) {
                 continue;
             }
-            match sched.steps[i as usize].action {
-                Action::Copy { src, dst } => {
-                    let (s, n) = mem(bufs, scratch, scratch_bytes, src, es);
-                    let (d, _) = mem(bufs, scratch, scratch_bytes, dst, es);
-                    if s != d && n > 0 {
-                        // SAFETY: both spans lie inside their buffers (checked by `mem`);
-                        // `copy` tolerates overlap.
-                        unsafe { std::ptr::copy(s, d, n) };
-                    }
-                }
+            if next_sync.is_some_and(|s| iu > s) {
+                continue;
+            }
+            let pending = match sched.steps[iu].action {
+                Action::Copy { src, dst } => compute.copy(
+                    region(bufs, scratch, dst, es),
+                    region(bufs, scratch, src, es),
+                )?,
                 Action::Divide { dst } => {
-                    let (d, n) = mem(bufs, scratch, scratch_bytes, dst, es);
-                    with_dtype!(cx.dtype, T => {
-                        // SAFETY: the span is inside a writable buffer aligned for T
-                        // (caller buffers are typed slices; scratch is u64-aligned).
-                        let s = unsafe { std::slice::from_raw_parts_mut(d as *mut T, n / es) };
-                        kernels::div_assign(s, cx.nranks);
-                    });
+                    compute.divide(cx.dtype, region(bufs, scratch, dst, es), cx.nranks)?
                 }
                 Action::Combine {
                     dst,
@@ -507,49 +504,67 @@ fn execute_with(
                     slots,
                     me,
                 } => {
-                    let (d, n) = mem(bufs, scratch, scratch_bytes, dst, es);
-                    let (mut inp, _) = mem(bufs, scratch, scratch_bytes, input, es);
-                    let slot = |k: usize| Span::new(slots.buf, slots.off + k * dst.len, dst.len);
-                    if inp == d {
-                        // In place: keep our contribution in our own (unused) slot.
-                        let (own, _) = mem(bufs, scratch, scratch_bytes, slot(me), es);
-                        // SAFETY: both spans hold n bytes; the slot is scratch, distinct from dst.
-                        unsafe { std::ptr::copy_nonoverlapping(inp, own, n) };
-                        inp = own;
-                    }
                     srcs.clear();
                     for k in 0..cx.nranks {
-                        srcs.push(if k == me {
-                            inp as usize
+                        let sp = if k == me {
+                            input
                         } else {
-                            mem(bufs, scratch, scratch_bytes, slot(k), es).0 as usize
-                        });
+                            Span::new(slots.buf, slots.off + k * dst.len, dst.len)
+                        };
+                        srcs.push(region(bufs, scratch, sp, es));
                     }
-                    with_dtype!(cx.dtype, T => {
-                        let len = n / es;
-                        // SAFETY: every source holds `len` elements of T, aligned, and
-                        // none of them is `dst` (the own input was moved to scratch above).
-                        let view = |p: usize| unsafe { std::slice::from_raw_parts(p as *const T, len) };
-                        // SAFETY: dst holds `len` writable elements nobody else touches now.
-                        let out = unsafe { std::slice::from_raw_parts_mut(d as *mut T, len) };
-                        // Up to 32 sources live on the stack: no allocation per call.
-                        if srcs.len() <= 32 {
-                            let mut views: [&[T]; 32] = [&[]; 32];
-                            for (v, p) in views.iter_mut().zip(srcs.iter()) {
-                                *v = view(*p);
-                            }
-                            kernels::reduce_n(cx.op, out, &views[..srcs.len()]);
-                        } else {
-                            let views: Vec<&[T]> = srcs.iter().map(|p| view(*p)).collect();
-                            kernels::reduce_n(cx.op, out, &views);
-                        }
-                    });
+                    compute.reduce(cx.dtype, cx.op, region(bufs, scratch, dst, es), srcs)?
                 }
-                _ => unreachable!(),
-            }
-            done[i as usize] = true;
-            remaining -= 1;
+                Action::ReduceFrom { dst, src } => {
+                    let dx = direct_ctx(cx)?;
+                    let mine = region(bufs, scratch, src, es);
+                    srcs.clear();
+                    for k in 0..cx.nranks {
+                        srcs.push(dx.peer_region(src.buf, mine, k)?);
+                    }
+                    compute.reduce(cx.dtype, cx.op, region(bufs, scratch, dst, es), srcs)?
+                }
+                Action::CopyFrom { peer, src, dst } => {
+                    let dx = direct_ctx(cx)?;
+                    let from = dx.peer_region(src.buf, region(bufs, scratch, src, es), peer)?;
+                    compute.copy(region(bufs, scratch, dst, es), from)?
+                }
+                Action::Sync => {
+                    if !done[..iu].iter().all(|d| *d) {
+                        continue;
+                    }
+                    let (me, n) = (cx.rank, cx.nranks);
+                    let first = (syncs_passed == 0).then_some((cx.fp, cx.seq));
+                    let dx = direct_ctx(cx)?;
+                    let target = dx.base.wrapping_add(syncs_passed + 1);
+                    if !arrived {
+                        direct::arrive(dx, me, target, first);
+                        arrived = true;
+                        progressed = true;
+                    }
+                    match direct::lagging(dx, me, n, target, first)? {
+                        Some(peer) => sync_wait = Some((peer, target)),
+                        None => {
+                            done[iu] = true;
+                            remaining -= 1;
+                            progressed = true;
+                            syncs_passed += 1;
+                            arrived = false;
+                            next_sync = next_sync_from(iu + 1);
+                        }
+                    }
+                    continue;
+                }
+                _ => unreachable!("message steps run on channels"),
+            };
             progressed = true;
+            if compute.poll(pending)? {
+                done[iu] = true;
+                remaining -= 1;
+            } else {
+                started[iu] = true;
+                inflight.push((i, pending));
+            }
         }
 
         for ch in chans.iter_mut() {
@@ -562,7 +577,8 @@ fn execute_with(
                 let Action::Send { src, .. } = sched.steps[i as usize].action else {
                     unreachable!()
                 };
-                let (p, n) = mem(bufs, scratch, scratch_bytes, src, es);
+                let r = region(bufs, scratch, src, es);
+                let (p, n) = (r.ptr(), r.len);
                 if ch.s_off == 0 {
                     ch.s_hdr = cx.header(i, msg_of[i as usize], n);
                 }
@@ -615,7 +631,8 @@ fn execute_with(
                     Action::RecvReduce { dst, with, .. } => (dst, Some(with)),
                     _ => unreachable!(),
                 };
-                let (dptr, n) = mem(bufs, scratch, scratch_bytes, dst, es);
+                let dreg = region(bufs, scratch, dst, es);
+                let (dptr, n) = (dreg.ptr(), dreg.len);
                 // Reductions land in a staging slot first; plain receives go
                 // straight into the destination.
                 let target = if reduce_with.is_some() {
@@ -668,8 +685,23 @@ fn execute_with(
                             ch.r_off = 0;
                             ch.r_head += 1;
                             if let Some(with) = reduce_with {
-                                let (wptr, _) = mem(bufs, scratch, scratch_bytes, with, es);
-                                reduce_into(cx.dtype, cx.op, dptr, wptr, target, n);
+                                // dst = with op incoming. The staging slot is
+                                // reused by the next receive on this channel,
+                                // so the engine must finish before then (the
+                                // host engine always has).
+                                srcs.clear();
+                                srcs.push(region(bufs, scratch, with, es));
+                                srcs.push(Region::host(
+                                    // SAFETY: the staging slot holds n bytes.
+                                    unsafe { std::slice::from_raw_parts(target, n) },
+                                ));
+                                let p = compute.reduce(cx.dtype, cx.op, dreg, srcs)?;
+                                if !compute.poll(p)? {
+                                    return Err(Error::Unsupported(format!(
+                                        "compute engine {} completes reductions asynchronously; receive-reduce needs it synchronous",
+                                        compute.name()
+                                    )));
+                                }
                             }
                             done[i as usize] = true;
                             remaining -= 1;
@@ -713,45 +745,56 @@ fn execute_with(
                 }
                 continue;
             }
-            wait(chans, done, sched, net, cx)?;
+            let waits = Waits {
+                sync: sync_wait,
+                compute: !inflight.is_empty(),
+            };
+            let compute_fd = compute.completion_fd();
+            wait(
+                chans,
+                done,
+                sched,
+                &mut net.links,
+                &mut net.pollfds,
+                compute_fd,
+                cx,
+                waits,
+            )?;
             idle_since = None;
         }
     }
 }
 
-/// `dst = with op staged` (or `dst op= staged` when `dst` is `with`).
-fn reduce_into(
-    dtype: DataType,
-    op: kernels::Op,
-    dst: *mut u8,
-    with: *mut u8,
-    staged: *mut u8,
-    n: usize,
-) {
-    with_dtype!(dtype, T => {
-        let len = n / std::mem::size_of::<T>();
-        // SAFETY: all three regions hold `n` bytes aligned for T; the staging
-        // slot is private; `dst` and `with` are either the same span or
-        // disjoint (schedules never overlap them partially).
-        unsafe {
-            let s = std::slice::from_raw_parts(staged as *const T, len);
-            if dst == with {
-                kernels::reduce_assign(op, std::slice::from_raw_parts_mut(dst as *mut T, len), s);
-            } else {
-                let w = std::slice::from_raw_parts(with as *const T, len);
-                kernels::reduce(op, std::slice::from_raw_parts_mut(dst as *mut T, len), w, s);
-            }
-        }
-    });
+/// The call's direct-access context; a direct step without one is a bug.
+fn direct_ctx<'a, 'b>(cx: &'b CallCtx<'a>) -> Result<&'b DirectCtx<'a>> {
+    cx.direct.as_ref().ok_or_else(|| {
+        Error::Protocol(format!(
+            "schedule of {} has a direct-access step but the call has no direct access (internal error)",
+            cx.during
+        ))
+    })
 }
 
-/// Sleep until a needed fd is ready, a notice arrives, abort, or deadline.
+/// What an idle call waits for besides its links.
+struct Waits {
+    /// A `Sync` waiting for this peer to reach this phase.
+    sync: Option<(usize, u32)>,
+    /// Local work of an asynchronous engine in flight.
+    compute: bool,
+}
+
+/// Sleep until a needed fd is ready, a notice arrives, abort, or deadline
+/// (or, waiting on a `Sync`, for one slice on the lagging peer's counter).
+#[allow(clippy::too_many_arguments)]
 fn wait(
     chans: &[Chan],
     done: &[bool],
     sched: &Schedule,
-    net: &mut Net,
+    links: &mut [Option<Box<dyn Link>>],
+    pollfds: &mut Vec<libc::pollfd>,
+    compute_fd: Option<RawFd>,
     cx: &mut CallCtx<'_>,
+    waits: Waits,
 ) -> Result<()> {
     let ready = |i: u32| {
         sched.steps[i as usize]
@@ -771,36 +814,51 @@ fn wait(
     for c in chans {
         let (r, w) = wants(c);
         if r || w {
-            became_ready |= net.links[c.peer].as_mut().unwrap().arm(c.stream, r, w);
+            became_ready |= links[c.peer].as_mut().unwrap().arm(c.stream, r, w);
         }
     }
     if became_ready {
         return Ok(());
     }
-    net.pollfds.clear();
+    pollfds.clear();
     for c in chans {
         let (r, w) = wants(c);
         if r || w {
-            let link = net.links[c.peer].as_ref().unwrap();
-            net.pollfds.push(libc::pollfd {
+            let link = links[c.peer].as_ref().unwrap();
+            pollfds.push(libc::pollfd {
                 fd: link.fd(c.stream),
                 events: link.poll_events(c.stream, r, w),
                 revents: 0,
             });
         }
     }
-    if net.pollfds.is_empty() {
+    if waits.compute {
+        if let Some(fd) = compute_fd {
+            pollfds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+    }
+    if pollfds.is_empty() {
+        if let Some((peer, target)) = waits.sync {
+            return sync_sleep(cx, peer, target);
+        }
+        if waits.compute {
+            return Ok(()); // an engine without a completion fd: poll it again
+        }
         return Err(Error::Protocol(format!(
             "schedule of {} cannot make progress (internal error)",
             cx.during
         )));
     }
-    net.pollfds.push(libc::pollfd {
+    pollfds.push(libc::pollfd {
         fd: cx.control.fd(),
         events: libc::POLLIN,
         revents: 0,
     });
-    net.pollfds.push(libc::pollfd {
+    pollfds.push(libc::pollfd {
         fd: cx.abort_fd,
         events: libc::POLLIN,
         revents: 0,
@@ -842,222 +900,70 @@ fn wait(
                 cx.timeout,
             ));
         }
-        let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let mut ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        if waits.sync.is_some() {
+            // Phase counters wake no fd: look again soon.
+            ms = ms.min(direct::SLEEP_SLICE.as_millis() as i32);
+        }
         // SAFETY: pollfds is a valid array of initialised pollfd for the call.
-        let r = unsafe {
-            libc::poll(
-                net.pollfds.as_mut_ptr(),
-                net.pollfds.len() as libc::nfds_t,
-                ms,
-            )
-        };
+        let r = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, ms) };
         if r < 0 {
             continue; // EINTR
         }
-        let nf = net.pollfds.len();
-        if net.pollfds[nf - 1].revents != 0 || cx.aborted.load(Ordering::Acquire) {
+        let nf = pollfds.len();
+        if pollfds[nf - 1].revents != 0 || cx.aborted.load(Ordering::Acquire) {
             return Err(Error::Aborted { by: None });
         }
-        if net.pollfds[nf - 2].revents != 0 {
+        if pollfds[nf - 2].revents != 0 {
             match cx.control.poll() {
                 Some(ControlEvent::Notice(n)) => return Err(cx.notice_error(n)),
                 Some(ControlEvent::RootGone) => {
                     // No more notices will come; the data links still tell.
-                    net.pollfds[nf - 2].fd = -1;
+                    pollfds[nf - 2].fd = -1;
                     tracing::debug!("oxccl: {}", cx.root_gone());
                 }
                 None => {}
             }
         }
-        if net.pollfds[..nf - 2].iter().any(|p| p.revents != 0) {
+        if pollfds[..nf - 2].iter().any(|p| p.revents != 0) {
             return Ok(());
         }
     }
 }
 
-/// The name of a call for messages, formatted only when one is needed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CallName {
-    pub fp: Fingerprint,
-    pub seq: u64,
-}
-
-impl std::fmt::Display for CallName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.fp.kind == Kind::P2p {
-            // A group's own fingerprint is a placeholder (each message
-            // carries its operation's): name the group, not a fake count.
-            write!(f, "a send/recv group of {}", self.fp.dtype)
-        } else {
-            write!(f, "{} #{}", self.fp.kind.name(), self.seq)
-        }
+/// One slice of waiting for `peer` to reach phase `target`, then a look
+/// around: abort, the deadline (a stall report naming the peer), the
+/// control plane, and whether the peer's process still exists.
+fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
+    if cx.aborted.load(Ordering::Acquire) {
+        return Err(Error::Aborted { by: None });
     }
-}
-
-/// How messages describe a call: `all_reduce(count=.., f32, sum) as collective #7`.
-pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
-    if fp.kind == Kind::P2p {
-        format!("{fp} as point-to-point message #{seq}")
-    } else {
-        format!("{fp} as collective #{seq}")
+    if Instant::now() >= cx.deadline {
+        let (during, own) = (cx.during.to_string(), describe_call(&cx.fp, cx.seq));
+        return Err(stall_error(
+            cx.control,
+            cx.sender,
+            cx.rank,
+            cx.peers,
+            format!("rank {peer} to reach phase {target} of {during}"),
+            Some(peer),
+            &during,
+            &own,
+            cx.timeout,
+        ));
     }
-}
-
-/// Turn a control-plane notice into the error of this rank's call
-/// (`during` names it for messages, `own` describes it for mismatches).
-pub(crate) fn notice_to_error(
-    n: Notice,
-    me: usize,
-    peers: &[PeerInfo],
-    during: &str,
-    own: &str,
-) -> Error {
-    match n {
-        Notice::Lost { rank, detail } => Error::PeerLost {
-            rank,
-            host: peers
-                .get(rank)
-                .map(|p| p.hostname.clone())
-                .unwrap_or_default(),
-            during: during.to_string(),
-            detail,
-        },
-        Notice::Failed {
-            origin,
-            aborted: true,
-            ..
-        } => Error::Aborted { by: Some(origin) },
-        Notice::Failed {
-            origin, message, ..
-        } => Error::Remote {
-            rank: origin,
-            message,
-        },
-        // Every rank reports the disagreement as a mismatch, naming the side
-        // it does not agree with.
-        Notice::Mismatch {
-            a,
-            a_call,
-            b,
-            b_call,
-        } => {
-            if me == a || (me != b && own == a_call) {
-                Error::Mismatch {
-                    local: own.to_string(),
-                    peer: b,
-                    remote: b_call,
-                }
-            } else if me == b || own == b_call {
-                Error::Mismatch {
-                    local: own.to_string(),
-                    peer: a,
-                    remote: a_call,
-                }
-            } else {
-                Error::Mismatch {
-                    local: own.to_string(),
-                    peer: b,
-                    remote: b_call,
-                }
-            }
-        }
-        Notice::Timeout {
-            origin,
-            waiting_for,
-            after_ms,
-            ..
-        } => Error::Timeout {
-            during: during.to_string(),
-            waiting_for: format!("{waiting_for} (seen by rank {origin})"),
-            after: Duration::from_millis(after_ms),
-        },
-        Notice::Stalled { rank, detail } => Error::Timeout {
-            during: during.to_string(),
-            waiting_for: format!("rank {rank}: {detail}"),
-            after: Duration::ZERO,
-        },
+    direct::sleep_on(direct_ctx(cx)?, peer, target);
+    if let Some(ControlEvent::Notice(n)) = cx.control.poll() {
+        return Err(cx.notice_error(n));
     }
-}
-
-/// This rank timed out waiting for `waits_on` (`waiting_for` in words):
-/// report it to the root, which collects every rank's report for a moment
-/// and names the rank at the end of the chain of waits (a stopped or hung
-/// process), and return that verdict as this call's `Timeout` — so every
-/// survivor names the same culprit, not just its own neighbour.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn stall_error(
-    control: &mut Control,
-    sender: &std::sync::Mutex<ControlSender>,
-    me: usize,
-    peers: &[PeerInfo],
-    waiting_for: String,
-    waits_on: Option<usize>,
-    during: &str,
-    own: &str,
-    after: Duration,
-) -> Error {
-    let report = Notice::Timeout {
-        origin: me,
-        waiting_for: waiting_for.clone(),
-        after_ms: after.as_millis() as u64,
-        waits_on: waits_on.map_or(u32::MAX, |r| r as u32),
-    };
-    if let Ok(mut s) = sender.lock() {
-        s.abort(&report);
+    let pid = cx.peers.get(peer).map_or(0, |p| p.pid);
+    if pid != 0 && crate::sys::process_gone(pid) {
+        return Err(Error::PeerLost {
+            rank: peer,
+            host: cx.host(peer),
+            during: cx.during.to_string(),
+            detail: format!("its process (pid {pid}) no longer exists"),
+        });
     }
-    let until = Instant::now() + STALL_VERDICT_WAIT;
-    while Instant::now() < until {
-        match control.poll() {
-            Some(ControlEvent::Notice(Notice::Stalled { rank, detail })) => {
-                return Error::Timeout {
-                    during: during.to_string(),
-                    waiting_for: format!("rank {rank}: {detail}"),
-                    after,
-                };
-            }
-            Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
-            Some(ControlEvent::RootGone) => break,
-            None => {}
-        }
-        poll_one(control.fd(), libc::POLLIN, 50);
-    }
-    Error::Timeout {
-        during: during.to_string(),
-        waiting_for,
-        after,
-    }
-}
-
-/// Map an own error to what the others should hear (None: not ours to tell).
-pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
-    match e {
-        Error::PeerLost { rank, detail, .. } => Some(Notice::Lost {
-            rank: *rank,
-            detail: detail.clone(),
-        }),
-        Error::Aborted { by: None } => Some(Notice::Failed {
-            origin: rank,
-            aborted: true,
-            message: "abort()".into(),
-        }),
-        Error::Aborted { by: Some(_) } | Error::Remote { .. } => None,
-        Error::Mismatch {
-            local,
-            peer,
-            remote,
-        } => Some(Notice::Mismatch {
-            a: rank,
-            a_call: local.clone(),
-            b: *peer,
-            b_call: remote.clone(),
-        }),
-        // Reported to the root by `stall_error` before the call returned.
-        Error::Timeout { .. } => None,
-        Error::InvalidArgument(_) => None,
-        other => Some(Notice::Failed {
-            origin: rank,
-            aborted: false,
-            message: other.to_string(),
-        }),
-    }
+    Ok(())
 }

@@ -1,0 +1,183 @@
+//! The host engine: the SIMD kernels of `kernels/`, run on the calling
+//! thread, so every piece of work is complete when it is returned.
+
+use super::{Compute, Pending};
+use crate::error::{Error, Result};
+use crate::mem::{MemorySpace, Region};
+use crate::types::DataType;
+use crate::with_dtype;
+
+/// Elements per block when a reduction writes one of its own sources.
+const BLOCK_BYTES: usize = 256 << 10;
+/// Sources that live on the stack (more take one allocation per call).
+const MAX_STACK_SRCS: usize = 32;
+
+/// The CPU engine (host and registered host memory).
+#[derive(Default)]
+pub struct HostCompute {
+    /// Temporary block for reductions that write one of their sources;
+    /// kept between calls (a warm communicator allocates nothing).
+    tmp: Vec<u64>,
+}
+
+impl HostCompute {
+    pub fn new() -> HostCompute {
+        HostCompute::default()
+    }
+
+    fn check(&self, what: &str, r: &Region) -> Result<()> {
+        if self.reaches(r.space) {
+            Ok(())
+        } else {
+            Err(Error::Unsupported(format!(
+                "the host engine cannot {what} {} (a device engine is needed)",
+                r.space
+            )))
+        }
+    }
+}
+
+/// `len` elements of `T` at `r` (offset `at` elements).
+///
+/// # Safety
+/// `r` must hold `at + len` initialised, aligned elements of `T` that
+/// nothing writes while the slice lives.
+unsafe fn view<'a, T>(r: &Region, at: usize, len: usize) -> &'a [T] {
+    std::slice::from_raw_parts((r.addr as *const T).add(at), len)
+}
+
+impl Compute for HostCompute {
+    fn name(&self) -> &'static str {
+        "host"
+    }
+
+    fn reaches(&self, space: MemorySpace) -> bool {
+        space.is_host()
+    }
+
+    fn copy(&mut self, dst: Region, src: Region) -> Result<Pending> {
+        self.check("write", &dst)?;
+        self.check("read", &src)?;
+        let n = dst.len.min(src.len);
+        if n > 0 && dst.addr != src.addr {
+            // SAFETY: both regions hold n bytes the caller lends for this
+            // call; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(src.ptr() as *const u8, dst.ptr(), n) };
+        }
+        Ok(Pending::DONE)
+    }
+
+    fn reduce(
+        &mut self,
+        dtype: DataType,
+        op: kernels::Op,
+        dst: Region,
+        srcs: &[Region],
+    ) -> Result<Pending> {
+        self.check("write", &dst)?;
+        for s in srcs {
+            self.check("read", s)?;
+        }
+        let es = dtype.size();
+        let len = dst.len / es;
+        if len == 0 {
+            return Ok(Pending::DONE);
+        }
+        let aliased = srcs.iter().position(|s| s.addr == dst.addr);
+        with_dtype!(dtype, T => {
+            match (srcs.len(), aliased) {
+                // dst op= other: the common receive-reduce, in place.
+                (2, Some(a)) => {
+                    let other = &srcs[1 - a];
+                    // SAFETY: dst holds len writable elements only this call
+                    // touches; `other` does not overlap it.
+                    unsafe {
+                        let d = std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len);
+                        kernels::reduce_assign(op, d, view::<T>(other, 0, len));
+                    }
+                }
+                // dst = a op b, no aliasing.
+                (2, None) => {
+                    // SAFETY: dst holds len writable elements no source overlaps.
+                    unsafe {
+                        let d = std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len);
+                        kernels::reduce(op, d, view::<T>(&srcs[0], 0, len), view::<T>(&srcs[1], 0, len));
+                    }
+                }
+                // No aliasing: straight into dst.
+                (_, None) => {
+                    // SAFETY: as above; no source overlaps dst.
+                    let d = unsafe { std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len) };
+                    reduce_blocks::<T>(op, d, srcs, 0, len);
+                }
+                // dst is one of several sources: reduce block by block into
+                // the temporary, then copy each block over.
+                (_, Some(_)) => {
+                    let block = (BLOCK_BYTES / es).max(1);
+                    if self.tmp.len() * 8 < block * es {
+                        self.tmp.resize((block * es).div_ceil(8), 0);
+                    }
+                    let mut at = 0;
+                    while at < len {
+                        let m = block.min(len - at);
+                        // SAFETY: the temporary holds `block` elements of T
+                        // (u64-aligned) and is private.
+                        let t = unsafe {
+                            std::slice::from_raw_parts_mut(self.tmp.as_mut_ptr() as *mut T, m)
+                        };
+                        reduce_blocks::<T>(op, t, srcs, at, m);
+                        // SAFETY: dst holds len elements; nobody reads this
+                        // block of it until the copy is done.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(t.as_ptr(), (dst.ptr() as *mut T).add(at), m)
+                        };
+                        at += m;
+                    }
+                }
+            }
+        });
+        Ok(Pending::DONE)
+    }
+
+    fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending> {
+        self.check("write", &dst)?;
+        with_dtype!(dtype, T => {
+            // SAFETY: dst holds whole elements of T, aligned, lent to this call.
+            let d = unsafe {
+                std::slice::from_raw_parts_mut(dst.ptr() as *mut T, dst.len / dtype.size())
+            };
+            kernels::div_assign(d, divisor);
+        });
+        Ok(Pending::DONE)
+    }
+
+    fn poll(&mut self, _work: Pending) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// `out = op over srcs` of elements `at..at + out.len()`, sources on the
+/// stack up to [`MAX_STACK_SRCS`].
+fn reduce_blocks<T: kernels::Scalar>(
+    op: kernels::Op,
+    out: &mut [T],
+    srcs: &[Region],
+    at: usize,
+    m: usize,
+) {
+    // SAFETY (each view): every source holds at least `at + m` elements of T
+    // that nobody writes during the call (the caller's contract).
+    if srcs.len() <= MAX_STACK_SRCS {
+        let mut views: [&[T]; MAX_STACK_SRCS] = [&[]; MAX_STACK_SRCS];
+        for (v, s) in views.iter_mut().zip(srcs) {
+            *v = unsafe { view::<T>(s, at, m) };
+        }
+        kernels::reduce_n(op, out, &views[..srcs.len()]);
+    } else {
+        let views: Vec<&[T]> = srcs
+            .iter()
+            .map(|s| unsafe { view::<T>(s, at, m) })
+            .collect();
+        kernels::reduce_n(op, out, &views);
+    }
+}

@@ -1,0 +1,59 @@
+//! Compute engines: the local work of a schedule (copies, n-way
+//! reductions, the division of `Avg`), on memory of the spaces an engine
+//! reaches. Work is *started* and completes later; the executor waits for it
+//! in the same `poll(2)` as for its links, through the engine's completion
+//! fd. The host engine runs the SIMD kernels synchronously, so its work is
+//! complete when started and it has no fd. A CUDA engine (a stream, events,
+//! a host callback writing an eventfd) implements the same trait; schedules
+//! and the executor do not change.
+//!
+//! Engines only compute: they never communicate and never decide what to
+//! compute (that is the schedule's job).
+
+mod host;
+
+pub use host::HostCompute;
+
+use crate::error::Result;
+use crate::mem::{MemorySpace, Region};
+use crate::types::DataType;
+use std::os::fd::RawFd;
+
+/// Work an engine started; [`Compute::poll`] says when it completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pending(pub u64);
+
+impl Pending {
+    /// Work that completed before it was returned.
+    pub const DONE: Pending = Pending(0);
+}
+
+/// An engine for local work. Regions are in bytes; reductions act on
+/// `dst.len / dtype.size()` elements.
+pub trait Compute: Send {
+    /// Name for messages (`host`, `cuda:0`).
+    fn name(&self) -> &'static str;
+    /// Whether it can read and write memory in `space`.
+    fn reaches(&self, space: MemorySpace) -> bool;
+    /// Start `dst = src` (same length; they may overlap).
+    fn copy(&mut self, dst: Region, src: Region) -> Result<Pending>;
+    /// Start `dst = srcs[0] op srcs[1] op ..`, combined in that order (so
+    /// every rank computing the same combination gets the same bits). `dst`
+    /// may be one of the sources; sources may not overlap `dst` otherwise.
+    fn reduce(
+        &mut self,
+        dtype: DataType,
+        op: kernels::Op,
+        dst: Region,
+        srcs: &[Region],
+    ) -> Result<Pending>;
+    /// Start `dst /= divisor` (the end of `Avg`).
+    fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending>;
+    /// Whether `work` completed; its failure is returned here.
+    fn poll(&mut self, work: Pending) -> Result<bool>;
+    /// An fd that becomes readable when started work may have completed;
+    /// `None` when every piece of work completes before it is returned.
+    fn completion_fd(&self) -> Option<RawFd> {
+        None
+    }
+}

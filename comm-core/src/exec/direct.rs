@@ -1,0 +1,217 @@
+//! Direct access in the executor: where a span of a peer's registered
+//! buffer lies in this process, and the `Sync` phases.
+//!
+//! A phase is a counter per rank in a flag page every local rank maps
+//! (exported and imported through the transports' [`DirectAccess`]). A rank
+//! reaching the k-th `Sync` of a call stores `base + k + 1` in its counter
+//! (Release) and wakes sleepers; the `Sync` completes when every peer's
+//! counter has reached it (Acquire), so what each rank wrote before is
+//! visible to all after. At the first `Sync` each rank also publishes its
+//! call (fingerprint, sequence number, buffer ids) and checks everyone's:
+//! a disagreement is `Error::Mismatch`. Waiting spins in the executor, then
+//! sleeps on the lagging peer's counter with a futex in 2 ms slices, between
+//! which the executor checks the deadline, `abort()`, the control plane and
+//! whether the peer's process still exists: a dead peer is an error, never
+//! a hang.
+//!
+//! [`DirectAccess`]: crate::transport::DirectAccess
+
+use crate::call::Fingerprint;
+use crate::error::{Error, Result};
+use crate::exec::failure::describe_call;
+use crate::mem::shared::SharedMaps;
+use crate::mem::{MemorySpace, Region};
+use crate::transport::Mapped;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long one futex sleep lasts before the waiter looks around.
+pub(crate) const SLEEP_SLICE: Duration = Duration::from_millis(2);
+
+/// Every local rank's flag page (this rank's own, peers' imported).
+pub(crate) struct SyncFlags {
+    own: Box<dyn Mapped>,
+    peers: Vec<Option<Box<dyn Mapped>>>,
+}
+
+impl SyncFlags {
+    pub(crate) fn new(own: Box<dyn Mapped>, peers: Vec<Option<Box<dyn Mapped>>>) -> SyncFlags {
+        SyncFlags { own, peers }
+    }
+
+    fn page(&self, rank: usize) -> *mut u8 {
+        match self.peers.get(rank).and_then(|p| p.as_ref()) {
+            Some(m) => m.region().ptr(),
+            None => self.own.region().ptr(),
+        }
+    }
+    fn phase(&self, rank: usize) -> &AtomicU32 {
+        // SAFETY: offset 0 of a mapped, page-aligned flag page that lives as
+        // long as `self`.
+        unsafe { &*(self.page(rank) as *const AtomicU32) }
+    }
+    fn waiters(&self, rank: usize) -> &AtomicU32 {
+        // SAFETY: offset 4 of the page.
+        unsafe { &*(self.page(rank).add(4) as *const AtomicU32) }
+    }
+    fn call(&self, rank: usize) -> &[AtomicU64; 4] {
+        // SAFETY: offsets 8..40 of the page, 8-byte aligned.
+        unsafe { &*(self.page(rank).add(8) as *const [AtomicU64; 4]) }
+    }
+}
+
+/// Bytes of a flag page.
+pub(crate) const FLAG_PAGE: usize = 4096;
+
+/// One call's direct-access context.
+pub(crate) struct DirectCtx<'a> {
+    pub flags: &'a SyncFlags,
+    /// Every rank's phase counter stood here before this call.
+    pub base: u32,
+    /// The registered buffers behind INPUT and OUTPUT (None: plain memory).
+    pub maps: [Option<Arc<SharedMaps>>; 2],
+}
+
+impl DirectCtx<'_> {
+    /// Ids of the call's registered buffers, as the first phase checks them.
+    fn ids(&self) -> u64 {
+        let id = |m: &Option<Arc<SharedMaps>>| m.as_ref().map_or(0, |m| m.id);
+        id(&self.maps[0]) << 32 | id(&self.maps[1]) & 0xffff_ffff
+    }
+
+    /// Where span bytes `[off, off+len)` of this rank's buffer `buf`
+    /// (`mine`, already resolved here) lie in rank `peer`'s copy of it.
+    pub fn peer_region(&self, buf: u16, mine: Region, peer: usize) -> Result<Region> {
+        let m = self
+            .maps
+            .get(buf as usize)
+            .and_then(|m| m.as_ref())
+            .filter(|m| m.zero_copy)
+            .ok_or_else(|| {
+                Error::Protocol(format!(
+                    "a direct step reads buffer {buf}, which is not registered for direct access (internal error)"
+                ))
+            })?;
+        let own = m.own.region();
+        let off = mine.addr - own.addr;
+        let base = match m.peers.get(peer).and_then(|p| p.as_ref()) {
+            Some(p) => p.region(),
+            None => own,
+        };
+        Ok(Region {
+            space: MemorySpace::Host,
+            addr: base.addr + off,
+            len: mine.len,
+        })
+    }
+}
+
+/// Whether a phase counter at `v` has reached `target`, across wraparound.
+pub(crate) fn reached(v: u32, target: u32) -> bool {
+    v.wrapping_sub(target) as i32 >= 0
+}
+
+fn describe(fp: &Fingerprint, seq: u64, ids: u64) -> String {
+    format!(
+        "{} on registered buffers {}/{}",
+        describe_call(fp, seq),
+        ids >> 32,
+        ids & 0xffff_ffff
+    )
+}
+
+/// Publish this rank's arrival at phase `target` (and, at the call's first
+/// phase, the call itself) and wake peers sleeping on it.
+pub(crate) fn arrive(
+    dx: &DirectCtx<'_>,
+    me: usize,
+    target: u32,
+    first: Option<(Fingerprint, u64)>,
+) {
+    let f = dx.flags;
+    if let Some((fp, seq)) = first {
+        let call = f.call(me);
+        let b = fp.encode();
+        call[0].store(
+            u64::from_le_bytes(b[..8].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        call[1].store(
+            u64::from_le_bytes(b[8..].try_into().unwrap()),
+            Ordering::Relaxed,
+        );
+        call[2].store(seq, Ordering::Relaxed);
+        call[3].store(dx.ids(), Ordering::Relaxed);
+    }
+    f.phase(me).store(target, Ordering::Release);
+    fence(Ordering::SeqCst);
+    if f.waiters(me).load(Ordering::SeqCst) > 0 {
+        crate::sys::futex_wake(f.phase(me));
+    }
+}
+
+/// The first peer that has not reached `target`, or `None` when all have.
+/// At the first phase (`first`), each peer's published call is checked as
+/// soon as it has arrived: a different call is `Error::Mismatch`.
+pub(crate) fn lagging(
+    dx: &DirectCtx<'_>,
+    me: usize,
+    n: usize,
+    target: u32,
+    first: Option<(Fingerprint, u64)>,
+) -> Result<Option<usize>> {
+    let f = dx.flags;
+    for k in (0..n).filter(|k| *k != me) {
+        if !reached(f.phase(k).load(Ordering::Acquire), target) {
+            return Ok(Some(k));
+        }
+        if let Some((fp, seq)) = first {
+            let c = f.call(k);
+            let mut b = [0u8; 16];
+            b[..8].copy_from_slice(&c[0].load(Ordering::Relaxed).to_le_bytes());
+            b[8..].copy_from_slice(&c[1].load(Ordering::Relaxed).to_le_bytes());
+            let theirs = Fingerprint::decode(&b);
+            let (their_seq, their_ids) =
+                (c[2].load(Ordering::Relaxed), c[3].load(Ordering::Relaxed));
+            let ids = dx.ids();
+            if !(theirs.is_some_and(|t| t.agrees_with(&fp)) && their_seq == seq && their_ids == ids)
+            {
+                return Err(Error::Mismatch {
+                    local: describe(&fp, seq, ids),
+                    peer: k,
+                    remote: match theirs {
+                        Some(t) => describe(&t, their_seq, their_ids),
+                        None => "something unreadable".into(),
+                    },
+                });
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Sleep one slice on `peer`'s phase counter while it is below `target`.
+pub(crate) fn sleep_on(dx: &DirectCtx<'_>, peer: usize, target: u32) {
+    let f = dx.flags;
+    let (word, waiters) = (f.phase(peer), f.waiters(peer));
+    waiters.fetch_add(1, Ordering::SeqCst);
+    let v = word.load(Ordering::SeqCst);
+    if !reached(v, target) {
+        crate::sys::futex_wait(word, v, SLEEP_SLICE);
+    }
+    waiters.fetch_sub(1, Ordering::SeqCst);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reached;
+
+    #[test]
+    fn phase_comparison_survives_wraparound() {
+        assert!(reached(5, 5));
+        assert!(!reached(4, 5));
+        assert!(reached(2, u32::MAX - 1));
+        assert!(!reached(u32::MAX - 2, 1));
+    }
+}

@@ -1,0 +1,199 @@
+//! Turning what went wrong into the error every rank reports: names of
+//! calls for messages, control-plane notices to errors, the stall verdict
+//! of a timeout, and what this rank tells the others about its own error.
+
+use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
+use crate::call::{Fingerprint, Kind};
+use crate::error::Error;
+use crate::transport::PeerInfo;
+use std::time::{Duration, Instant};
+
+/// How long a rank that timed out waits for the root's verdict.
+const STALL_VERDICT_WAIT: Duration = Duration::from_millis(1500);
+
+/// The name of a call for messages, formatted only when one is needed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallName {
+    pub fp: Fingerprint,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for CallName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.fp.kind == Kind::P2p {
+            // A group's own fingerprint is a placeholder (each message
+            // carries its operation's): name the group, not a fake count.
+            write!(f, "a send/recv group of {}", self.fp.dtype)
+        } else {
+            write!(f, "{} #{}", self.fp.kind.name(), self.seq)
+        }
+    }
+}
+
+/// How messages describe a call: `all_reduce(count=.., f32, sum) as collective #7`.
+pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
+    if fp.kind == Kind::P2p {
+        format!("{fp} as point-to-point message #{seq}")
+    } else {
+        format!("{fp} as collective #{seq}")
+    }
+}
+
+/// Turn a control-plane notice into the error of this rank's call
+/// (`during` names it for messages, `own` describes it for mismatches).
+pub(crate) fn notice_to_error(
+    n: Notice,
+    me: usize,
+    peers: &[PeerInfo],
+    during: &str,
+    own: &str,
+) -> Error {
+    match n {
+        Notice::Lost { rank, detail } => Error::PeerLost {
+            rank,
+            host: peers
+                .get(rank)
+                .map(|p| p.hostname.clone())
+                .unwrap_or_default(),
+            during: during.to_string(),
+            detail,
+        },
+        Notice::Failed {
+            origin,
+            aborted: true,
+            ..
+        } => Error::Aborted { by: Some(origin) },
+        Notice::Failed {
+            origin, message, ..
+        } => Error::Remote {
+            rank: origin,
+            message,
+        },
+        // Every rank reports the disagreement as a mismatch, naming the side
+        // it does not agree with.
+        Notice::Mismatch {
+            a,
+            a_call,
+            b,
+            b_call,
+        } => {
+            if me == a || (me != b && own == a_call) {
+                Error::Mismatch {
+                    local: own.to_string(),
+                    peer: b,
+                    remote: b_call,
+                }
+            } else if me == b || own == b_call {
+                Error::Mismatch {
+                    local: own.to_string(),
+                    peer: a,
+                    remote: a_call,
+                }
+            } else {
+                Error::Mismatch {
+                    local: own.to_string(),
+                    peer: b,
+                    remote: b_call,
+                }
+            }
+        }
+        Notice::Timeout {
+            origin,
+            waiting_for,
+            after_ms,
+            ..
+        } => Error::Timeout {
+            during: during.to_string(),
+            waiting_for: format!("{waiting_for} (seen by rank {origin})"),
+            after: Duration::from_millis(after_ms),
+        },
+        Notice::Stalled { rank, detail } => Error::Timeout {
+            during: during.to_string(),
+            waiting_for: format!("rank {rank}: {detail}"),
+            after: Duration::ZERO,
+        },
+    }
+}
+
+/// This rank timed out waiting for `waits_on` (`waiting_for` in words):
+/// report it to the root, which collects every rank's report for a moment
+/// and names the rank at the end of the chain of waits (a stopped or hung
+/// process), and return that verdict as this call's `Timeout` — so every
+/// survivor names the same culprit, not just its own neighbour.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stall_error(
+    control: &mut Control,
+    sender: &std::sync::Mutex<ControlSender>,
+    me: usize,
+    peers: &[PeerInfo],
+    waiting_for: String,
+    waits_on: Option<usize>,
+    during: &str,
+    own: &str,
+    after: Duration,
+) -> Error {
+    let report = Notice::Timeout {
+        origin: me,
+        waiting_for: waiting_for.clone(),
+        after_ms: after.as_millis() as u64,
+        waits_on: waits_on.map_or(u32::MAX, |r| r as u32),
+    };
+    if let Ok(mut s) = sender.lock() {
+        s.abort(&report);
+    }
+    let until = Instant::now() + STALL_VERDICT_WAIT;
+    while Instant::now() < until {
+        match control.poll() {
+            Some(ControlEvent::Notice(Notice::Stalled { rank, detail })) => {
+                return Error::Timeout {
+                    during: during.to_string(),
+                    waiting_for: format!("rank {rank}: {detail}"),
+                    after,
+                };
+            }
+            Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
+            Some(ControlEvent::RootGone) => break,
+            None => {}
+        }
+        poll_one(control.fd(), libc::POLLIN, 50);
+    }
+    Error::Timeout {
+        during: during.to_string(),
+        waiting_for,
+        after,
+    }
+}
+
+/// Map an own error to what the others should hear (None: not ours to tell).
+pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
+    match e {
+        Error::PeerLost { rank, detail, .. } => Some(Notice::Lost {
+            rank: *rank,
+            detail: detail.clone(),
+        }),
+        Error::Aborted { by: None } => Some(Notice::Failed {
+            origin: rank,
+            aborted: true,
+            message: "abort()".into(),
+        }),
+        Error::Aborted { by: Some(_) } | Error::Remote { .. } => None,
+        Error::Mismatch {
+            local,
+            peer,
+            remote,
+        } => Some(Notice::Mismatch {
+            a: rank,
+            a_call: local.clone(),
+            b: *peer,
+            b_call: remote.clone(),
+        }),
+        // Reported to the root by `stall_error` before the call returned.
+        Error::Timeout { .. } => None,
+        Error::InvalidArgument(_) | Error::Unsupported(_) => None,
+        other => Some(Notice::Failed {
+            origin: rank,
+            aborted: false,
+            message: other.to_string(),
+        }),
+    }
+}

@@ -1,0 +1,287 @@
+//! Registered memory: [`SharedBuffer`]s, which every rank of a one-host
+//! communicator maps (so the `direct` algorithms read peers' buffers where
+//! they lie), and [`MemoryRegistration`]s of user memory with transports
+//! that send straight from memory (RDMA).
+//!
+//! [`Communicator::alloc_shared`] is collective. Each rank exports fresh
+//! memory through the direct access of the transport serving its peers
+//! (shared memory: an anonymous memfd), ranks all_gather (length, whether
+//! they can share, handle), and when every rank can, each imports every
+//! peer's allocation. The first such allocation also shares one flag page
+//! per rank for the `Sync` phases. A `SharedBuffer` is then just a buffer:
+//! passed to any collective, the planner sees its space
+//! ([`MemorySpace::HostRegistered`]) and picks the `direct` algorithm when
+//! every buffer of the call is shared; otherwise (several hosts, a
+//! transport without direct access) it is ordinary memory, registered with
+//! RDMA for zero-copy sends.
+
+use super::{Buffer, MemorySpace, Region};
+use crate::comm::Communicator;
+use crate::error::{Error, Result};
+use crate::exec::{SyncFlags, FLAG_PAGE};
+use crate::transport::{DirectAccess, Mapped, Registration};
+use crate::types::Element;
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+const PAGE: usize = 4096;
+/// Largest direct-access handle a transport may produce (bytes).
+const HANDLE_MAX: usize = 64;
+/// Bytes per rank in the allocation exchange: length, can-share flag,
+/// handle length and handle, flag-page handle length and handle.
+const RECORD: usize = 8 + 1 + 2 * (1 + HANDLE_MAX);
+
+/// One allocation as every rank's process maps it.
+pub(crate) struct SharedMaps {
+    /// Same on every rank for the same allocation.
+    pub(crate) id: u64,
+    pub(crate) own: Box<dyn Mapped>,
+    /// Every peer's memory of this allocation, mapped here (by rank; None
+    /// for self, and for everyone when not `zero_copy`).
+    pub(crate) peers: Vec<Option<Box<dyn Mapped>>>,
+    /// Whether every rank mapped every other's (direct steps possible).
+    pub(crate) zero_copy: bool,
+}
+
+/// A buffer of `T` in registered memory (see the module docs).
+pub struct SharedBuffer<T: Element> {
+    /// Registrations with transports that send straight from memory (RDMA);
+    /// dropped, and so unregistered, before the memory is unmapped.
+    _registered: Vec<Registration>,
+    maps: Arc<SharedMaps>,
+    comm_id: u64,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> SharedBuffer<T> {
+    /// Whether collectives on this buffer read peers' memory directly.
+    pub fn is_zero_copy(&self) -> bool {
+        self.maps.zero_copy
+    }
+
+    pub(crate) fn region_of(&self) -> Region {
+        Region {
+            space: MemorySpace::HostRegistered {
+                comm: self.comm_id,
+                id: self.maps.id,
+            },
+            addr: self.maps.own.region().addr,
+            len: self.len * std::mem::size_of::<T>(),
+        }
+    }
+}
+
+impl<T: Element> Deref for SharedBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        // SAFETY: the mapping holds at least `len` elements of T, page
+        // aligned, zeroed at creation (a valid value of every Element).
+        unsafe { std::slice::from_raw_parts(self.maps.own.region().ptr() as *const T, self.len) }
+    }
+}
+
+impl<T: Element> DerefMut for SharedBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`; `&mut self` excludes other local borrows,
+        // and peers touch it only inside a collective this rank takes part in.
+        unsafe { std::slice::from_raw_parts_mut(self.maps.own.region().ptr() as *mut T, self.len) }
+    }
+}
+
+/// Plain memory of this process (a buffer that is not shared with peers).
+struct LocalMemory {
+    map: crate::sys::Mapping,
+    _fd: std::os::fd::OwnedFd,
+    len: usize,
+}
+
+impl Mapped for LocalMemory {
+    fn region(&self) -> Region {
+        Region {
+            space: MemorySpace::Host,
+            addr: self.map.ptr() as usize,
+            len: self.len,
+        }
+    }
+}
+
+fn local_memory(len: usize) -> Result<Box<dyn Mapped>> {
+    let fd = crate::sys::memfd(c"oxccl-registered", len)
+        .map_err(|e| Error::System(format!("memfd of {len} bytes: {e}")))?;
+    let map = crate::sys::Mapping::new(&fd, len)
+        .map_err(|e| Error::System(format!("mmap of a {len}-byte shared buffer: {e}")))?;
+    Ok(Box::new(LocalMemory { map, _fd: fd, len }))
+}
+
+/// User memory registered with the communicator's transports for
+/// zero-copy sends (see [`Communicator::register_memory`]); unregistered
+/// when dropped.
+#[must_use = "the memory is unregistered when this is dropped"]
+pub struct MemoryRegistration {
+    _regs: Vec<Registration>,
+}
+
+impl MemoryRegistration {
+    /// Whether some transport registered the memory (false when none can
+    /// send straight from memory, e.g. without RDMA: then this is a no-op).
+    pub fn is_active(&self) -> bool {
+        !self._regs.is_empty()
+    }
+}
+
+/// Append a length-prefixed handle to an exchange record.
+fn put_handle(rec: &mut Vec<u8>, h: &[u8]) -> Result<()> {
+    if h.len() > HANDLE_MAX {
+        return Err(Error::System(format!(
+            "a direct-access handle of {} bytes exceeds {HANDLE_MAX}",
+            h.len()
+        )));
+    }
+    rec.push(h.len() as u8);
+    rec.extend_from_slice(h);
+    rec.resize(rec.len() + HANDLE_MAX - h.len(), 0);
+    Ok(())
+}
+
+/// The handle at `at` of a peer's record (total: bad lengths are errors).
+fn get_handle(rec: &[u8], at: usize, peer: usize) -> Result<&[u8]> {
+    let n = rec[at] as usize;
+    if n > HANDLE_MAX {
+        return Err(Error::Protocol(format!(
+            "rank {peer} sent a direct-access handle of {n} bytes"
+        )));
+    }
+    Ok(&rec[at + 1..at + 1 + n])
+}
+
+impl Communicator {
+    /// Register `buf` with the transports that can send straight from user
+    /// memory (RDMA, like `ncclCommRegister`): large sends from it then go
+    /// zero-copy instead of through bounce buffers. Local (not collective),
+    /// and a no-op on transports without such a path. Registering the same
+    /// buffer again only counts a reference.
+    ///
+    /// # Safety
+    /// `buf`'s memory must stay allocated, and must not be freed and reused
+    /// for something else, until the returned registration is dropped: the
+    /// device keeps the *pages* it pinned now, so data written into a
+    /// reallocation at the same address would not be what it sends.
+    /// (`alloc_shared` buffers are registered safely by construction.)
+    pub unsafe fn register_memory<T: Element, B: Buffer<T> + ?Sized>(
+        &self,
+        buf: &B,
+    ) -> Result<MemoryRegistration> {
+        let region = buf.region();
+        if region.len == 0 {
+            return Ok(MemoryRegistration { _regs: Vec::new() });
+        }
+        let regs = self
+            .inner
+            .registries
+            .iter()
+            .map(|r| Registration::new(r.clone(), region))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(MemoryRegistration { _regs: regs })
+    }
+
+    /// Allocate `len` zeroed elements every rank of this host can read
+    /// directly (collective: every rank calls it, in the same order, with
+    /// the same `len`). Pass it to any collective: when every buffer of a
+    /// call is such a buffer and every peer's memory can be mapped (one
+    /// host, shared memory), the call moves no messages and copies nothing
+    /// through intermediate buffers; otherwise it is ordinary memory.
+    pub fn alloc_shared<T: Element>(&self, len: usize) -> Result<SharedBuffer<T>> {
+        let (me, n) = (self.rank(), self.nranks());
+        let bytes = (len * std::mem::size_of::<T>())
+            .max(1)
+            .next_multiple_of(PAGE);
+        let direct: Option<Arc<dyn DirectAccess>> = self.inner.direct.clone();
+        let id = self.run(|_, st| {
+            st.shared_allocs += 1;
+            Ok(st.shared_allocs)
+        })?;
+        let need_flags = direct.is_some() && self.run(|_, st| Ok(st.flags.is_none()))?;
+        // Export (or, without direct access, just allocate) our memory.
+        let (own, handle) = match &direct {
+            Some(d) => d.export(bytes)?,
+            None => (local_memory(bytes)?, Vec::new()),
+        };
+        let (flag_own, flag_handle) = match (&direct, need_flags) {
+            (Some(d), true) => {
+                let (m, h) = d.export(FLAG_PAGE)?;
+                (Some(m), h)
+            }
+            _ => (None, Vec::new()),
+        };
+        let mut rec = Vec::with_capacity(RECORD);
+        rec.extend_from_slice(&(len as u64).to_le_bytes());
+        rec.push(u8::from(direct.is_some()));
+        put_handle(&mut rec, &handle)?;
+        put_handle(&mut rec, &flag_handle)?;
+        let mut all = vec![0u8; RECORD * n];
+        self.all_gather(&rec, &mut all)?;
+        let record = |k: usize| &all[k * RECORD..(k + 1) * RECORD];
+        for k in 0..n {
+            let theirs = u64::from_le_bytes(record(k)[..8].try_into().unwrap());
+            if theirs != len as u64 {
+                return Err(Error::invalid(format!(
+                    "alloc_shared: rank {k} asked for {theirs} elements, this rank for {len}; every rank must allocate the same size in the same order"
+                )));
+            }
+        }
+        let zero_copy = n > 1 && (0..n).all(|k| record(k)[8] == 1);
+        let mut peers: Vec<Option<Box<dyn Mapped>>> = (0..n).map(|_| None).collect();
+        let mut flag_peers: Vec<Option<Box<dyn Mapped>>> = (0..n).map(|_| None).collect();
+        if let (true, Some(d)) = (zero_copy, &direct) {
+            for k in (0..n).filter(|k| *k != me) {
+                peers[k] = Some(d.import(k, get_handle(record(k), 9, k)?, bytes)?);
+                if need_flags {
+                    let h = get_handle(record(k), 10 + HANDLE_MAX, k)?;
+                    flag_peers[k] = Some(d.import(k, h, FLAG_PAGE)?);
+                }
+            }
+        }
+        // For zero-copy sends to other hosts (RDMA). Optional: memory that
+        // cannot be registered (e.g. `ulimit -l`) still works through bounce
+        // buffers.
+        let mut registered = Vec::new();
+        if !zero_copy {
+            for r in &self.inner.registries {
+                match Registration::new(r.clone(), own.region()) {
+                    Ok(reg) => registered.push(reg),
+                    Err(e) => tracing::warn!(
+                        "oxccl: alloc_shared: {e}; this buffer is sent through bounce buffers"
+                    ),
+                }
+            }
+        }
+        let maps = Arc::new(SharedMaps {
+            id,
+            own,
+            peers,
+            zero_copy,
+        });
+        let weak = Arc::downgrade(&maps);
+        self.run(move |_, st| {
+            st.shared.retain(|(_, w)| w.strong_count() > 0);
+            st.shared.push((id, weak));
+            if let (true, Some(f)) = (zero_copy, flag_own) {
+                st.flags = Some(SyncFlags::new(f, flag_peers));
+            }
+            Ok(())
+        })?;
+        if zero_copy {
+            // Nobody may close its fds before every peer has opened them.
+            self.barrier()?;
+        }
+        Ok(SharedBuffer {
+            _registered: registered,
+            maps,
+            comm_id: self.id(),
+            len,
+            _t: PhantomData,
+        })
+    }
+}

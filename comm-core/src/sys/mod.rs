@@ -1,0 +1,23 @@
+//! Every Linux call of oxccl's runtime that is not a socket read or write,
+//! in one place (as mio keeps its syscalls under `sys/`): shared memory
+//! (memfd, mappings), wake-ups (eventfd, futex), fd passing and peer
+//! credentials over Unix sockets, other processes through `/proc`.
+//! Each wrapper is small and safe to call; `unsafe` stays in here.
+
+mod event;
+mod fdpass;
+mod proc;
+mod shm;
+
+pub use event::{drain, eventfd, futex_wait, futex_wake, signal};
+pub use fdpass::{peer_process, recv_fds, send_fds};
+pub use proc::{open_process_fd, process_gone};
+pub use shm::{memfd, Mapping};
+
+fn cvt(r: libc::c_int) -> std::io::Result<libc::c_int> {
+    if r < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}

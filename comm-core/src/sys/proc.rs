@@ -1,0 +1,25 @@
+//! Other processes of this host: opening their fds through `/proc` and
+//! checking that they still exist.
+
+use std::io::{Error, Result};
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// Open fd `fd` of process `pid` through `/proc/<pid>/fd/<fd>` (read-write;
+/// needs the same user, or ptrace rights over it).
+pub fn open_process_fd(pid: u32, fd: i32) -> Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).unwrap();
+    // SAFETY: NUL-terminated path; the fd is owned below.
+    let f = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if f < 0 {
+        return Err(Error::last_os_error());
+    }
+    // SAFETY: a fresh fd nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(f) })
+}
+
+/// Whether process `pid` is gone (`kill(pid, 0)` says ESRCH).
+pub fn process_gone(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r != 0 && Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
