@@ -115,7 +115,14 @@ impl Setup {
 pub struct RankRun {
     pub mem: Setup,
     done: Vec<bool>,
+    /// The ranks whose entry into the call this rank's steps causally
+    /// follow (itself, what its receives carried, everyone after a `Sync`).
+    pub heard: Vec<bool>,
 }
+
+/// A message in flight: its payload and what its sender had heard when
+/// sending it.
+type Message = (Vec<Val>, Vec<bool>);
 
 /// Per-location epochs of direct-access traffic, for race detection.
 #[derive(Default)]
@@ -137,9 +144,11 @@ pub fn simulate(
     let mut ranks: Vec<RankRun> = setups
         .iter()
         .zip(scheds)
-        .map(|(s, sc)| RankRun {
+        .enumerate()
+        .map(|(r, (s, sc))| RankRun {
             mem: s.clone(),
             done: vec![false; sc.steps.len()],
+            heard: (0..n).map(|k| k == r).collect(),
         })
         .collect();
     // Message numbering per directed pair, in schedule order.
@@ -178,7 +187,7 @@ pub fn simulate(
     let mut arrived = vec![0usize; n];
     let mut epoch = vec![0usize; n];
     let mut races = Races::default();
-    let mut msgs: HashMap<(usize, usize, usize), Vec<Val>> = HashMap::new();
+    let mut msgs: HashMap<(usize, usize, usize), Message> = HashMap::new();
     let mut allow_victim = false;
     loop {
         let mut progressed = false;
@@ -214,11 +223,13 @@ pub fn simulate(
                         if v.iter().any(|x| x.is_none()) {
                             return Err(ctx("sends undefined data"));
                         }
-                        msgs.insert((r, peer, msg_index[r][i]), v);
+                        let heard = ranks[r].heard.clone();
+                        msgs.insert((r, peer, msg_index[r][i]), (v, heard));
                         true
                     }
                     Action::Recv { peer, dst } => match msgs.remove(&(peer, r, msg_index[r][i])) {
-                        Some(v) => {
+                        Some((v, heard)) => {
+                            learn(&mut ranks[r].heard, &heard);
                             if v.len() != dst.len {
                                 return Err(ctx(&format!("message of {} elements", v.len())));
                             }
@@ -230,7 +241,8 @@ pub fn simulate(
                     },
                     Action::RecvReduce { peer, dst, with } => {
                         match msgs.remove(&(peer, r, msg_index[r][i])) {
-                            Some(v) => {
+                            Some((v, heard)) => {
+                                learn(&mut ranks[r].heard, &heard);
                                 if v.len() != dst.len {
                                     return Err(ctx(&format!("message of {} elements", v.len())));
                                 }
@@ -310,6 +322,7 @@ pub fn simulate(
                         arrived[r] = arrived[r].max(k + 1);
                         if arrived.iter().all(|a| *a > k) {
                             epoch[r] += 1;
+                            ranks[r].heard.iter_mut().for_each(|h| *h = true);
                             true
                         } else {
                             false
@@ -344,6 +357,12 @@ pub fn simulate(
         ));
     }
     Ok(ranks)
+}
+
+fn learn(mine: &mut [bool], theirs: &[bool]) {
+    for (m, t) in mine.iter_mut().zip(theirs) {
+        *m |= *t;
+    }
 }
 
 /// `(a+b+..)` element-wise; every operand must be defined.
@@ -424,14 +443,45 @@ fn remote_read(
     Ok(v)
 }
 
+/// Every rank must have heard (causally) from every other by the end:
+/// what a barrier means.
+fn check_heard(runs: &[RankRun], what: &str) -> Result<(), String> {
+    for (r, run) in runs.iter().enumerate() {
+        if let Some(k) = run.heard.iter().position(|h| !h) {
+            return Err(format!(
+                "rank {r} can leave the {what} before rank {k} entered it"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Run in plain order and with a few slow ranks; all runs must agree.
+/// With `barrier`, every run must also leave every rank having heard from
+/// every other.
 pub fn simulate_all(scheds: &[Schedule], setups: &[Setup]) -> Result<Vec<RankRun>, String> {
+    simulate_runs(scheds, setups, false)
+}
+
+fn simulate_runs(
+    scheds: &[Schedule],
+    setups: &[Setup],
+    barrier: bool,
+) -> Result<Vec<RankRun>, String> {
     let n = scheds.len();
     let base = simulate(scheds, setups, usize::MAX)?;
-    let mut victims = vec![0, n / 2, n.saturating_sub(1)];
+    // Every rank as the slow one (a barrier's flaw may show for one only).
+    let mut victims: Vec<usize> = if barrier {
+        (0..n).collect()
+    } else {
+        vec![0, n / 2, n.saturating_sub(1)]
+    };
     victims.dedup();
     for v in victims {
         let other = simulate(scheds, setups, v)?;
+        if barrier {
+            check_heard(&other, "barrier").map_err(|e| format!("{e} (rank {v} slow)"))?;
+        }
         for (r, (a, b)) in base.iter().zip(&other).enumerate() {
             for (m, mem) in &a.mem.mems {
                 if *m != MEM_SCRATCH && mem != &b.mem.mems[m] {
@@ -473,7 +523,7 @@ pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), Strin
     let setups: Vec<Setup> = (0..n)
         .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, scheds[rank].scratch))
         .collect();
-    let runs = simulate_all(scheds, &setups)?;
+    let runs = simulate_runs(scheds, &setups, spec.kind == Kind::Barrier)?;
     let count = spec.count;
     let olen = spec.output_len();
     let out = |r: usize| runs[r].mem.view(OUTPUT, olen);
@@ -583,7 +633,8 @@ pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), Strin
                 }
             }
         }
-        Kind::Barrier | Kind::P2p => {}
+        Kind::Barrier => check_heard(&runs, "barrier")?,
+        Kind::P2p => {}
     }
     Ok(())
 }

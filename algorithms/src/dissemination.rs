@@ -4,7 +4,11 @@ use crate::schedule::{Action, Schedule, Span, INPUT, OUTPUT};
 
 /// Dissemination barrier: in round `k` send an empty message to
 /// `rank + 2^k` and wait for one from `rank - 2^k`; after ceil(log2 n)
-/// rounds every rank has transitively heard from every other.
+/// rounds every rank has transitively heard from every other. Round `k`'s
+/// send and receive both follow round `k-1`'s receive: were receives left
+/// free to complete out of order, a rank could forward round `k` before it
+/// heard round `k-1`, and a rank could leave the barrier before another
+/// entered it (the checker's knowledge test catches exactly that).
 pub fn barrier(rank: usize, n: usize) -> Schedule {
     let mut s = Schedule::default();
     let mut dist = 1;
@@ -23,7 +27,7 @@ pub fn barrier(rank: usize, n: usize) -> Schedule {
                 peer: (rank + n - dist) % n,
                 dst: Span::new(OUTPUT, 0, 0),
             },
-            &[],
+            &deps,
         ));
         dist *= 2;
     }

@@ -26,7 +26,7 @@ use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
 use crate::work::{Work, Worker};
 use algorithms::{CollSpec, Tuning};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -160,16 +160,7 @@ pub fn host_identity(host_id: Option<&str>) -> (String, u64) {
 }
 
 fn eventfd() -> Result<OwnedFd> {
-    // SAFETY: plain syscall; the returned fd is owned below.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::Bootstrap(format!(
-            "eventfd: {}",
-            std::io::Error::last_os_error()
-        )));
-    }
-    // SAFETY: fd is a fresh, valid descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    crate::sys::eventfd().map_err(|e| Error::System(format!("eventfd: {e}")))
 }
 
 impl Communicator {
@@ -453,15 +444,7 @@ impl Inner {
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
         }
-        let one: u64 = 1;
-        // SAFETY: writing 8 bytes from a live u64 to our own eventfd.
-        unsafe {
-            libc::write(
-                self.abort_fd.as_raw_fd(),
-                &one as *const u64 as *const libc::c_void,
-                8,
-            )
-        };
+        crate::sys::signal(self.abort_fd.as_raw_fd());
         self.set_poison(Error::Aborted { by: None });
         // Wake calls waiting for their turn.
         let _t = self.turn.lock().unwrap();

@@ -181,3 +181,44 @@ fn writing_the_input_of_an_out_of_place_call_is_caught() {
     let e = check_schedules(&spec, &[s]).unwrap_err();
     assert!(e.contains("writes the input"), "{e}");
 }
+
+/// The dissemination barrier as it was: each round's receive free of the
+/// previous one, so a rank could forward round k before hearing round k-1
+/// and leave the barrier before a slow rank entered it. The knowledge test
+/// catches it; the fixed barrier passes.
+#[test]
+fn a_barrier_a_rank_can_leave_early_is_caught() {
+    let old = |rank: usize, n: usize| {
+        let mut s = Schedule::default();
+        let (mut dist, mut last) = (1, None);
+        while dist < n {
+            let deps: Vec<u32> = last.into_iter().collect();
+            let to = (rank + dist) % n;
+            s.push(
+                Action::Send {
+                    peer: to,
+                    src: Span::new(INPUT, 0, 0),
+                },
+                &deps,
+            );
+            let from = (rank + n - dist) % n;
+            last = Some(s.push(
+                Action::Recv {
+                    peer: from,
+                    dst: Span::new(OUTPUT, 0, 0),
+                },
+                &[],
+            ));
+            dist *= 2;
+        }
+        s
+    };
+    let n = 8;
+    let mut spec = CollSpec::new(Kind::Barrier, 0, n, 0);
+    spec.in_place = true;
+    let scheds: Vec<Schedule> = (0..n).map(|r| old(r, n)).collect();
+    let e = check_schedules(&spec, &scheds).unwrap_err();
+    assert!(e.contains("before rank"), "{e}");
+    let fixed = crate::dissemination::Dissemination;
+    assert_eq!(check_algorithm(&fixed, &spec), Ok(()));
+}

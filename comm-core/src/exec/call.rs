@@ -1,0 +1,188 @@
+//! One call's context in the executor: who and what it is, its deadline,
+//! the control connection, and how its failures are named (a broken link
+//! blamed on its peer unless the control plane explains it; message
+//! headers built and checked against the call).
+
+use super::direct::DirectCtx;
+use super::failure::{describe_call, notice_to_error, CallName};
+use super::header::{WireHeader, HEADER_LEN, MAGIC};
+use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
+use crate::call::Fingerprint;
+use crate::error::{Error, Result};
+use crate::transport::PeerInfo;
+use crate::types::DataType;
+use std::io::ErrorKind;
+use std::os::fd::RawFd;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+/// How long a rank that saw a peer's connection close waits for the root
+/// to explain (another rank's failure) before blaming that peer.
+const EXPLAIN_GRACE: Duration = Duration::from_millis(1500);
+
+/// Everything about the current call the executor needs besides buffers.
+pub(crate) struct CallCtx<'a> {
+    pub rank: usize,
+    pub nranks: usize,
+    pub dtype: DataType,
+    pub op: kernels::Op,
+    pub seq: u64,
+    pub fp: Fingerprint,
+    pub deadline: Instant,
+    pub timeout: Duration,
+    /// How long to retry before sleeping in `poll(2)`.
+    pub spin: Duration,
+    /// More ranks on this host than cores: never spin without yielding.
+    pub oversubscribed: bool,
+    /// Names the call in messages (`all_reduce #12`); built only on error.
+    pub during: CallName,
+    pub peers: &'a [PeerInfo],
+    /// Point-to-point groups: the (pair sequence number, fingerprint) of the
+    /// operation each step belongs to, overriding `seq` and `fp`.
+    pub per_step: Option<Vec<(u64, Fingerprint)>>,
+    pub control: &'a mut Control,
+    pub sender: &'a std::sync::Mutex<ControlSender>,
+    pub abort_fd: RawFd,
+    pub aborted: &'a AtomicBool,
+    /// Direct access (registered buffers, `Sync` phases), when the call
+    /// has it.
+    pub direct: Option<DirectCtx<'a>>,
+}
+
+impl CallCtx<'_> {
+    pub(super) fn host(&self, rank: usize) -> String {
+        self.peers
+            .get(rank)
+            .map(|p| p.hostname.clone())
+            .unwrap_or_default()
+    }
+
+    /// Turn a control-plane notice into this call's error.
+    pub fn notice_error(&self, n: Notice) -> Error {
+        notice_to_error(
+            n,
+            self.rank,
+            self.peers,
+            &self.during.to_string(),
+            &describe_call(&self.fp, self.seq),
+        )
+    }
+
+    pub(super) fn root_gone(&self) -> Error {
+        Error::Bootstrap(format!(
+            "lost the connection to the rendezvous root during {} (the launcher or the rank hosting the root ended)",
+            self.during
+        ))
+    }
+
+    /// Wait briefly for the control plane to explain a broken link (another
+    /// rank's failure or death, announced by the root).
+    pub(super) fn explained(&mut self) -> Option<Error> {
+        let until = (Instant::now() + EXPLAIN_GRACE).min(self.deadline);
+        loop {
+            match self.control.poll() {
+                Some(ControlEvent::Notice(n)) => return Some(self.notice_error(n)),
+                Some(ControlEvent::RootGone) | None => {}
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            poll_one(
+                self.control.fd(),
+                libc::POLLIN,
+                left.as_millis().clamp(1, 100) as i32,
+            );
+        }
+    }
+
+    /// A peer's connection broke: unless the control plane explains it,
+    /// blame the peer.
+    pub(super) fn lost(&mut self, peer: usize, detail: String) -> Error {
+        self.explained().unwrap_or_else(|| Error::PeerLost {
+            rank: peer,
+            host: self.host(peer),
+            during: self.during.to_string(),
+            detail,
+        })
+    }
+
+    /// A link call failed. `InvalidData` is the transport's verdict that the
+    /// link broke in a precise way (an RDMA work completion in error, a
+    /// flow-control violation): a transport error naming the peer, unless
+    /// the control plane says the peer died (a dying process can make its
+    /// peers' transfers fail in such ways too). Any other error means the
+    /// connection is gone: the peer is lost.
+    pub(super) fn link_failed(&mut self, peer: usize, what: &str, e: std::io::Error) -> Error {
+        if e.kind() == ErrorKind::InvalidData {
+            return self.explained().unwrap_or_else(|| Error::Transport {
+                peer,
+                detail: format!("{what} during {}: {e}", self.during),
+            });
+        }
+        self.lost(peer, format!("{what} failed: {e}"))
+    }
+
+    pub(super) fn seq_fp(&self, step: u32) -> (u64, Fingerprint) {
+        match &self.per_step {
+            Some(v) => v[step as usize],
+            None => (self.seq, self.fp),
+        }
+    }
+
+    pub(super) fn header(&self, step: u32, msg: u32, len: usize) -> [u8; HEADER_LEN] {
+        let (seq, fp) = self.seq_fp(step);
+        let mut h = [0u8; HEADER_LEN];
+        h[..4].copy_from_slice(MAGIC);
+        h[8..16].copy_from_slice(&seq.to_le_bytes());
+        h[16..20].copy_from_slice(&msg.to_le_bytes());
+        h[24..32].copy_from_slice(&(len as u64).to_le_bytes());
+        h[32..48].copy_from_slice(&fp.encode());
+        h
+    }
+
+    /// Check a received header against what this rank expects.
+    pub(super) fn check_header(
+        &self,
+        step: u32,
+        peer: usize,
+        h: &[u8; HEADER_LEN],
+        msg: u32,
+        len: usize,
+    ) -> Result<()> {
+        let (my_seq, my_fp) = self.seq_fp(step);
+        let Some(WireHeader {
+            seq,
+            msg: their_msg,
+            len: their_len,
+            fp,
+        }) = WireHeader::parse(h)
+        else {
+            return Err(Error::Protocol(format!(
+                "rank {peer} sent bytes that are not an oxccl message during {}",
+                self.during
+            )));
+        };
+        let Some(fp) = fp else {
+            return Err(Error::Protocol(format!(
+                "rank {peer} sent an unreadable call fingerprint during {}",
+                self.during
+            )));
+        };
+        if seq != my_seq || !fp.agrees_with(&my_fp) {
+            return Err(Error::Mismatch {
+                // Described only now: headers are checked per message.
+                local: describe_call(&my_fp, my_seq),
+                peer,
+                remote: describe_call(&fp, seq),
+            });
+        }
+        if their_msg != msg || their_len != len as u64 {
+            return Err(Error::Protocol(format!(
+                "rank {peer} sent message {their_msg} of {their_len} bytes, expected message {msg} of {len} bytes during {}",
+                self.during
+            )));
+        }
+        Ok(())
+    }
+}
