@@ -85,24 +85,23 @@ pub fn all_gather(rank: usize, n: usize, count: usize, in_place: bool) -> Schedu
     s
 }
 
-/// Broadcast: the root's output holds the data (copied from its input out
-/// of place); after a `Sync` every other rank copies it.
+/// Broadcast: the root's output holds the data (out of place the root
+/// copies its input there first: before "ready", as nobody reads a rank's
+/// buffers outside a call); after "ready" every other rank copies it.
 pub fn broadcast(rank: usize, count: usize, root: usize, in_place: bool) -> Schedule {
     let mut s = Schedule::default();
-    let mut at = s.push(Action::Sync, &[]);
     let out = Span::new(OUTPUT, 0, count);
-    if !in_place {
-        if rank == root {
-            at = s.push(
-                Action::Copy {
-                    src: Span::new(INPUT, 0, count),
-                    dst: out,
-                },
-                &[at],
-            );
-        }
-        at = s.push(Action::Sync, &[at]);
+    let mut deps = Vec::new();
+    if !in_place && rank == root {
+        deps.push(s.push(
+            Action::Copy {
+                src: Span::new(INPUT, 0, count),
+                dst: out,
+            },
+            &[],
+        ));
     }
+    let mut at = s.push(Action::Sync, &deps);
     if rank != root {
         at = s.push(
             Action::CopyFrom {
