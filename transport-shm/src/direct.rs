@@ -3,30 +3,12 @@
 //! `/proc/<pid>/fd/<fd>` (same user; nothing is ever named in `/dev/shm`).
 //! The handle is (pid, fd, length): 16 bytes, decoded totally.
 
-use crate::sys;
+use comm_core::mem::MemfdMemory;
 use comm_core::transport::{DirectAccess, Mapped};
-use comm_core::{Error, MemorySpace, Region, Result};
-use std::os::fd::{AsRawFd, OwnedFd};
+use comm_core::{Error, Result};
 
 /// Direct access through shared memory (what the shm endpoint offers).
 pub struct ShmDirect;
-
-/// A mapping and the file behind it (kept open: peers open it by fd number).
-struct ShmMapped {
-    map: sys::Mapping,
-    _fd: OwnedFd,
-    len: usize,
-}
-
-impl Mapped for ShmMapped {
-    fn region(&self) -> Region {
-        Region {
-            space: MemorySpace::Host,
-            addr: self.map.ptr() as usize,
-            len: self.len,
-        }
-    }
-}
 
 const HANDLE_LEN: usize = 16;
 
@@ -50,13 +32,10 @@ fn decode(h: &[u8]) -> Option<(u32, i32, u64)> {
 
 impl DirectAccess for ShmDirect {
     fn export(&self, len: usize) -> Result<(Box<dyn Mapped>, Vec<u8>)> {
-        let bytes = len.max(1);
-        let fd = comm_core::sys::memfd(c"oxccl-registered", bytes)
-            .map_err(|e| Error::System(format!("memfd of {bytes} bytes: {e}")))?;
-        let map = sys::Mapping::new(&fd, bytes)
-            .map_err(|e| Error::System(format!("mmap of a {bytes}-byte shared buffer: {e}")))?;
-        let handle = encode(std::process::id(), fd.as_raw_fd(), bytes);
-        Ok((Box::new(ShmMapped { map, _fd: fd, len }), handle))
+        let m = MemfdMemory::create(len)
+            .map_err(|e| Error::System(format!("a {len}-byte shared buffer (memfd, mmap): {e}")))?;
+        let handle = encode(std::process::id(), m.fd(), len.max(1));
+        Ok((Box::new(m), handle))
     }
 
     fn import(&self, peer: usize, handle: &[u8], len: usize) -> Result<Box<dyn Mapped>> {
@@ -71,18 +50,13 @@ impl DirectAccess for ShmDirect {
                 "rank {peer} exported {their_len} bytes where {len} were agreed"
             )));
         }
-        let f = comm_core::sys::open_process_fd(pid, fd).map_err(|e| Error::Transport {
+        let m = MemfdMemory::open(pid, fd, len).map_err(|e| Error::Transport {
             peer,
             detail: format!(
-                "cannot open rank {peer}'s shared buffer (/proc/{pid}/fd/{fd}): {e}; registered buffers need all ranks of a host to run as one user"
+                "cannot map rank {peer}'s shared buffer (/proc/{pid}/fd/{fd}): {e}; registered buffers need all ranks of a host to run as one user"
             ),
         })?;
-        let bytes = len.max(1);
-        let map = sys::Mapping::new(&f, bytes).map_err(|e| Error::Transport {
-            peer,
-            detail: format!("mapping its shared buffer: {e}"),
-        })?;
-        Ok(Box::new(ShmMapped { map, _fd: f, len }))
+        Ok(Box::new(m))
     }
 }
 

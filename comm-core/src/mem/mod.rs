@@ -9,9 +9,11 @@
 //! CUDA engine, CUDA IPC links) slot in without touching algorithms.
 
 mod buffer;
+mod memfd;
 mod region;
 pub mod shared;
 
 pub use buffer::{Buffer, BufferMut};
+pub use memfd::MemfdMemory;
 pub use region::{DeviceKind, MemorySpace, Region};
 pub use shared::{MemoryRegistration, SharedBuffer};

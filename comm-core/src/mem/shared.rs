@@ -90,29 +90,11 @@ impl<T: Element> DerefMut for SharedBuffer<T> {
     }
 }
 
-/// Plain memory of this process (a buffer that is not shared with peers).
-struct LocalMemory {
-    map: crate::sys::Mapping,
-    _fd: std::os::fd::OwnedFd,
-    len: usize,
-}
-
-impl Mapped for LocalMemory {
-    fn region(&self) -> Region {
-        Region {
-            space: MemorySpace::Host,
-            addr: self.map.ptr() as usize,
-            len: self.len,
-        }
-    }
-}
-
+/// Plain memory of this process (a buffer no peer maps).
 fn local_memory(len: usize) -> Result<Box<dyn Mapped>> {
-    let fd = crate::sys::memfd(c"oxccl-registered", len)
-        .map_err(|e| Error::System(format!("memfd of {len} bytes: {e}")))?;
-    let map = crate::sys::Mapping::new(&fd, len)
-        .map_err(|e| Error::System(format!("mmap of a {len}-byte shared buffer: {e}")))?;
-    Ok(Box::new(LocalMemory { map, _fd: fd, len }))
+    let m = super::MemfdMemory::create(len)
+        .map_err(|e| Error::System(format!("a {len}-byte shared buffer (memfd, mmap): {e}")))?;
+    Ok(Box::new(m))
 }
 
 /// User memory registered with the communicator's transports for
