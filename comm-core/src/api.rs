@@ -111,8 +111,10 @@ fn run_coll(
         elem_size: c.dtype.size(),
         direct,
     };
-    let (name, sched) = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
-    *inner.last_algorithm.lock().unwrap() = name;
+    let (index, sched) = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
+    inner
+        .last_algorithm
+        .store(index.wrapping_add(1), std::sync::atomic::Ordering::Relaxed);
     let input = send.unwrap_or(recv);
     inner.execute(st, c.fingerprint(), &sched, &[input, recv], None)
 }
@@ -534,6 +536,8 @@ impl Communicator {
         T: Element,
         B: BufferMut<T> + Send + 'static,
     {
+        // Checked here too, so a bad call fails without taking a ticket;
+        // the worker plans again on the moved buffer's region.
         let plan = self.plan(kind, None, buf.region_mut(), T::DTYPE, op, root);
         if let Err(e) = plan {
             return self.inner.worker.submit(move || Err(e));

@@ -27,7 +27,7 @@ use crate::types::DataType;
 use crate::work::{Work, Worker};
 use algorithms::{CollSpec, Tuning};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,8 @@ pub(crate) struct Inner {
     pub(crate) aborted: AtomicBool,
     abort_fd: OwnedFd,
     /// The algorithm of the last collective that ran (its name).
-    pub(crate) last_algorithm: Mutex<&'static str>,
+    /// (Its position in `algorithms::REGISTRY` plus one; 0: none yet.)
+    pub(crate) last_algorithm: AtomicUsize,
     pub(crate) worker: Worker,
     _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
     /// The endpoints' memory registries (zero-copy sends from
@@ -85,7 +86,7 @@ pub(crate) struct State {
     /// When the control connection was last read between calls.
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
-    schedules: Vec<(CollSpec, &'static str, Arc<Schedule>)>,
+    schedules: Vec<(CollSpec, usize, Arc<Schedule>)>,
     /// Point-to-point operations issued per peer, per direction.
     p2p_sent: Vec<u64>,
     p2p_recvd: Vec<u64>,
@@ -97,13 +98,14 @@ const SCHEDULE_CACHE: usize = 16;
 impl State {
     /// The schedule of the algorithm chosen for `spec` (`forced` by name, or
     /// by the registry's rules), from the cache when the same call shape ran
-    /// recently (the latency of small calls).
+    /// recently (the latency of small calls), with the algorithm's position
+    /// in `algorithms::REGISTRY`.
     pub(crate) fn schedule(
         &mut self,
         spec: &CollSpec,
         forced: Option<&str>,
         tuning: &Tuning,
-    ) -> Result<(&'static str, Arc<Schedule>)> {
+    ) -> Result<(usize, Arc<Schedule>)> {
         if let Some(i) = self.schedules.iter().position(|(k, _, _)| k == spec) {
             let hit = self.schedules.remove(i);
             self.schedules.push(hit);
@@ -113,27 +115,36 @@ impl State {
             if self.schedules.len() == SCHEDULE_CACHE {
                 self.schedules.remove(0);
             }
+            let index = algorithms::REGISTRY
+                .iter()
+                .position(|a| a.name() == alg.name())
+                .unwrap_or(usize::MAX);
             self.schedules
-                .push((*spec, alg.name(), Arc::new(alg.build(spec))));
+                .push((*spec, index, Arc::new(alg.build(spec))));
         }
-        let (_, name, sched) = self.schedules.last().unwrap();
-        Ok((name, sched.clone()))
+        let (_, index, sched) = self.schedules.last().unwrap();
+        Ok((*index, sched.clone()))
     }
 }
 
 impl State {
-    /// Whether `r` is a registered buffer of this communicator that every
-    /// peer has mapped (so direct steps may use it).
-    pub(crate) fn is_direct(&self, inner: &Inner, r: &Region) -> bool {
+    /// The registered buffer of communicator `comm_id` that `r` lies in.
+    fn registered(&self, comm_id: u64, r: &Region) -> Option<Arc<SharedMaps>> {
         match r.space {
-            MemorySpace::HostRegistered { comm, id } if comm == inner.comm_id => self
+            MemorySpace::HostRegistered { comm, id } if comm == comm_id => self
                 .shared
                 .iter()
                 .find(|(i, _)| *i == id)
-                .and_then(|(_, w)| w.upgrade())
-                .is_some_and(|m| m.zero_copy),
-            _ => false,
+                .and_then(|(_, w)| w.upgrade()),
+            _ => None,
         }
+    }
+
+    /// Whether `r` is a registered buffer of this communicator that every
+    /// peer has mapped (so direct steps may use it).
+    pub(crate) fn is_direct(&self, inner: &Inner, r: &Region) -> bool {
+        self.registered(inner.comm_id, r)
+            .is_some_and(|m| m.zero_copy)
     }
 }
 
@@ -293,7 +304,7 @@ impl Communicator {
                 poison: Mutex::new(None),
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
-                last_algorithm: Mutex::new(""),
+                last_algorithm: AtomicUsize::new(0),
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
                 direct: served_by
@@ -333,7 +344,10 @@ impl Communicator {
     /// (`ring`, `oneshot`, `direct`, ...; see `algorithms::REGISTRY`), or
     /// `None` before the first one.
     pub fn last_algorithm(&self) -> Option<&'static str> {
-        Some(*self.inner.last_algorithm.lock().unwrap()).filter(|s| !s.is_empty())
+        let i = self.inner.last_algorithm.load(Ordering::Relaxed);
+        i.checked_sub(1)
+            .and_then(|i| algorithms::REGISTRY.get(i))
+            .map(|a| a.name())
     }
 
     /// The error that poisoned this communicator, if any.
@@ -555,14 +569,7 @@ impl Inner {
             .count() as u32;
         let direct = match (&st.flags, syncs > 0) {
             (Some(flags), true) => {
-                let find = |r: Option<&Region>| match r.map(|r| r.space) {
-                    Some(MemorySpace::HostRegistered { comm, id }) if comm == self.comm_id => st
-                        .shared
-                        .iter()
-                        .find(|(i, _)| *i == id)
-                        .and_then(|(_, w)| w.upgrade()),
-                    _ => None,
-                };
+                let find = |r: Option<&Region>| r.and_then(|r| st.registered(self.comm_id, r));
                 Some(DirectCtx {
                     flags,
                     base: st.sync_phase,

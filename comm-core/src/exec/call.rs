@@ -50,6 +50,16 @@ pub(crate) struct CallCtx<'a> {
 }
 
 impl CallCtx<'_> {
+    /// How this rank describes its call in mismatch reports: exactly as
+    /// it publishes it (with the registered buffers of a direct call), so a
+    /// relayed report is matched to the right side.
+    pub(super) fn own(&self) -> String {
+        match &self.direct {
+            Some(dx) => super::direct::describe(&self.fp, self.seq, dx.ids()),
+            None => describe_call(&self.fp, self.seq),
+        }
+    }
+
     pub(super) fn host(&self, rank: usize) -> String {
         self.peers
             .get(rank)
@@ -64,7 +74,7 @@ impl CallCtx<'_> {
             self.rank,
             self.peers,
             &self.during.to_string(),
-            &describe_call(&self.fp, self.seq),
+            &self.own(),
         )
     }
 

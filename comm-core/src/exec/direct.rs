@@ -75,7 +75,7 @@ pub(crate) struct DirectCtx<'a> {
 
 impl DirectCtx<'_> {
     /// Ids of the call's registered buffers, as the first phase checks them.
-    fn ids(&self) -> u64 {
+    pub(super) fn ids(&self) -> u64 {
         let id = |m: &Option<Arc<SharedMaps>>| m.as_ref().map_or(0, |m| m.id);
         id(&self.maps[0]) << 32 | id(&self.maps[1]) & 0xffff_ffff
     }
@@ -112,7 +112,7 @@ pub(crate) fn reached(v: u32, target: u32) -> bool {
     v.wrapping_sub(target) as i32 >= 0
 }
 
-fn describe(fp: &Fingerprint, seq: u64, ids: u64) -> String {
+pub(super) fn describe(fp: &Fingerprint, seq: u64, ids: u64) -> String {
     format!(
         "{} on registered buffers {}/{}",
         describe_call(fp, seq),

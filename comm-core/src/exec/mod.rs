@@ -363,7 +363,9 @@ fn execute_with(
                     compute.copy(region(bufs, scratch, dst, es), from)?
                 }
                 Action::Sync => {
-                    if !done[..iu].iter().all(|d| *d) {
+                    // The fence: checked until this rank arrives, not on
+                    // every retry while it waits for its peers.
+                    if !arrived && !done[..iu].iter().all(|d| *d) {
                         continue;
                     }
                     let (me, n) = (cx.rank, cx.nranks);
@@ -720,7 +722,7 @@ fn wait(
                 .iter()
                 .find(|c| wants(c) != (false, false))
                 .map(|c| c.peer);
-            let (during, own) = (cx.during.to_string(), describe_call(&cx.fp, cx.seq));
+            let (during, own) = (cx.during.to_string(), cx.own());
             return Err(stall_error(
                 cx.control,
                 cx.sender,
@@ -772,7 +774,7 @@ fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
         return Err(Error::Aborted { by: None });
     }
     if Instant::now() >= cx.deadline {
-        let (during, own) = (cx.during.to_string(), describe_call(&cx.fp, cx.seq));
+        let (during, own) = (cx.during.to_string(), cx.own());
         return Err(stall_error(
             cx.control,
             cx.sender,
