@@ -87,7 +87,7 @@ EOT
 for victim in 1 2; do
   for mode in early mid; do kill_check all_reduce $victim $mode; done
 done
-for kind in all_gather reduce_scatter broadcast send_recv; do kill_check $kind 1 mid; done
+for kind in all_gather reduce_scatter broadcast send_recv registered_all_reduce; do kill_check $kind 1 mid; done
 
 # 4. The benchmark over RDMA, every element checked (#wrong 0, exit 0).
 oxrun -n 2 --no-prefix all_reduce_perf --transport rdma -b 8 -e 16M -f 4 -c 1 -n 5 -w 2 >/tmp/perf.txt 2>&1
@@ -97,9 +97,33 @@ else
   fail "all_reduce_perf --transport rdma"; show /tmp/perf.txt 20
 fi
 
-# 5. Zero-copy sends from registered buffers (two pretend hosts, so the
-#    buffers are RDMA-registered memory rather than shared segments).
-oxrun -n 2 --no-prefix sh -c 'OXCCL_DEBUG=debug OXCCL_HOSTID=h$OXCCL_RANK exec all_reduce_perf --registered -b 1M -e 16M -f 4 -c 1 -n 5 -w 2' >/tmp/zc.txt 2>&1
+# 5. Direct access over RDMA: collectives on alloc_shared buffers read
+#    peers' memory with RDMA READ (the `direct` algorithm, phases as
+#    zero-length messages); every direct collective x dtype x op, in and
+#    out of place, exact, and the algorithm that ran checked.
+for n in 2 3; do
+  OXCCL_TRANSPORT=rdma OXCCL_DEBUG=debug oxrun -n $n oxccl-selftest registered 1M direct >/tmp/d$n.txt 2>&1
+  if [ $? = 0 ] && grep -q "registered OK: $n ranks, direct access true" /tmp/d$n.txt && grep -q "first one-sided read" /tmp/d$n.txt; then
+    pass "direct access over rdma (one-sided reads), $n ranks"; grep "registered OK" /tmp/d$n.txt | sed 's/^/    | /'
+  else
+    fail "direct access over rdma, $n ranks"; show /tmp/d$n.txt 20
+  fi
+done
+# Two pretend hosts, automatic transport choice: RDMA serves every peer, so
+# registered buffers are reached one-sided as well.
+oxrun -n 2 --no-prefix sh -c 'OXCCL_HOSTID=h$OXCCL_RANK exec oxccl-selftest registered 256K direct' >/tmp/dh.txt 2>&1 \
+  && grep -q "registered OK: 2 ranks, direct access true" /tmp/dh.txt \
+  && pass "direct access over rdma on two pretend hosts" || { fail "direct access, two pretend hosts"; show /tmp/dh.txt 20; }
+oxrun -n 2 --no-prefix all_reduce_perf --transport rdma --registered -b 8 -e 16M -f 8 -c 1 -n 5 -w 2 >/tmp/dperf.txt 2>&1
+if [ $? = 0 ] && grep -q "Out of bounds values : 0 OK" /tmp/dperf.txt; then
+  pass "all_reduce_perf --registered over rdma (direct), #wrong 0"; show /tmp/dperf.txt 12
+else
+  fail "all_reduce_perf --registered over rdma (direct)"; show /tmp/dperf.txt 20
+fi
+
+# 5b. Zero-copy sends from registered buffers: the ring forced on them
+#    (two pretend hosts), so they travel as messages straight from memory.
+oxrun -n 2 --no-prefix sh -c 'OXCCL_DEBUG=debug OXCCL_HOSTID=h$OXCCL_RANK exec all_reduce_perf --registered --algo ring -b 1M -e 16M -f 4 -c 1 -n 5 -w 2' >/tmp/zc.txt 2>&1
 if [ $? = 0 ] && grep -q "Out of bounds values : 0 OK" /tmp/zc.txt && grep -q "first zero-copy send" /tmp/zc.txt; then
   pass "zero-copy from registered buffers, #wrong 0"; grep -v "Z  *[A-Z]" /tmp/zc.txt >/tmp/zc2.txt; show /tmp/zc2.txt 8
 else

@@ -10,8 +10,11 @@
 //! output's segment `rank`, reduce_scatter's output the input's segment
 //! `rank`), so a step that overwrites data a pending send or a peer still
 //! needs changes what arrives. Direct-access steps read peers' memory as it
-//! is at that moment; reading a location in the same phase (between two
-//! `Sync`s) as its owner writes it is reported as a race.
+//! is at that moment. Each step carries a vector clock of what it causally
+//! follows (its dependencies, the messages it received, the `Sync`s before
+//! it), so a peer's read of a location and its owner's write of it must be
+//! ordered one way or the other: otherwise it is reported as a race, however
+//! the ranks synchronise (phase flags, or barriers of messages).
 //!
 //! Every call is run in plain order and again with one rank's sends (and
 //! direct reads) delayed as long as possible; all runs must end alike, so
@@ -19,7 +22,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH};
-use crate::spec::{CollSpec, Kind};
+use crate::spec::{Access, CollSpec, Kind};
 use std::collections::{HashMap, HashSet};
 
 /// A symbolic element: `None` is "never written".
@@ -120,17 +123,26 @@ pub struct RankRun {
     pub heard: Vec<bool>,
 }
 
-/// A message in flight: its payload and what its sender had heard when
-/// sending it.
-type Message = (Vec<Val>, Vec<bool>);
+/// A vector clock: per rank, the last of its events a step follows.
+type Clock = Vec<u64>;
 
-/// Per-location epochs of direct-access traffic, for race detection.
+/// A message in flight: its payload, what its sender had heard when
+/// sending it, and the send's clock.
+type Message = (Vec<Val>, Vec<bool>, Clock);
+
+fn join(into: &mut Clock, other: &Clock) {
+    for (a, b) in into.iter_mut().zip(other) {
+        *a = (*a).max(*b);
+    }
+}
+
+/// Direct-access traffic per location, for race detection.
 #[derive(Default)]
 struct Races {
-    /// (owner, memory, index) -> epoch of the owner's last write.
-    written: HashMap<(usize, u32, usize), usize>,
-    /// (owner, memory, index) -> epochs in which a peer read it.
-    read: HashMap<(usize, u32, usize), HashSet<usize>>,
+    /// (owner, memory, index) -> the owner's event that last wrote it.
+    written: HashMap<(usize, u32, usize), u64>,
+    /// (owner, memory, index) -> (reader, its event) of peers' reads since.
+    read: HashMap<(usize, u32, usize), Vec<(usize, u64)>>,
 }
 
 /// Run all schedules once; `victim`'s sends and direct reads wait until
@@ -184,9 +196,38 @@ pub fn simulate(
                 .collect()
         })
         .collect();
+    // The last Sync before each step (it follows that Sync's completion).
+    let sync_before: Vec<Vec<Option<usize>>> = scheds
+        .iter()
+        .map(|sc| {
+            let mut last = None;
+            sc.steps
+                .iter()
+                .enumerate()
+                .map(|(i, st)| {
+                    let me = last;
+                    if st.action == Action::Sync {
+                        last = Some(i);
+                    }
+                    me
+                })
+                .collect()
+        })
+        .collect();
     let mut arrived = vec![0usize; n];
     let mut epoch = vec![0usize; n];
     let mut races = Races::default();
+    // Events: each rank's entry into the call is its event 1.
+    let mut events = vec![1u64; n];
+    let entry: Vec<Clock> = (0..n)
+        .map(|r| (0..n).map(|k| u64::from(k == r)).collect())
+        .collect();
+    let mut clocks: Vec<Vec<Option<Clock>>> = scheds
+        .iter()
+        .map(|sc| vec![None; sc.steps.len()])
+        .collect();
+    // (rank, Sync number) -> the rank's clock when it arrived there.
+    let mut sync_arrival: HashMap<(usize, usize), Clock> = HashMap::new();
     let mut msgs: HashMap<(usize, usize, usize), Message> = HashMap::new();
     let mut allow_victim = false;
     loop {
@@ -217,6 +258,15 @@ pub fn simulate(
                     allow_victim = false;
                 }
                 let ctx = |m: &str| format!("rank {r} step {i} ({:?}): {m}", st.action);
+                // What this step follows; its own event is the rank's next.
+                let mut now = entry[r].clone();
+                for d in &st.deps {
+                    join(&mut now, clocks[r][*d as usize].as_ref().unwrap());
+                }
+                if let Some(s) = sync_before[r][i] {
+                    join(&mut now, clocks[r][s].as_ref().unwrap());
+                }
+                now[r] = events[r] + 1;
                 let ok = match st.action {
                     Action::Send { peer, src } => {
                         let v = ranks[r].mem.read(src).map_err(|e| ctx(&e))?;
@@ -224,16 +274,17 @@ pub fn simulate(
                             return Err(ctx("sends undefined data"));
                         }
                         let heard = ranks[r].heard.clone();
-                        msgs.insert((r, peer, msg_index[r][i]), (v, heard));
+                        msgs.insert((r, peer, msg_index[r][i]), (v, heard, now.clone()));
                         true
                     }
                     Action::Recv { peer, dst } => match msgs.remove(&(peer, r, msg_index[r][i])) {
-                        Some((v, heard)) => {
+                        Some((v, heard, sent)) => {
                             learn(&mut ranks[r].heard, &heard);
+                            join(&mut now, &sent);
                             if v.len() != dst.len {
                                 return Err(ctx(&format!("message of {} elements", v.len())));
                             }
-                            write(&mut ranks[r].mem, dst, v, r, epoch[r], &mut races)
+                            write(&mut ranks[r].mem, dst, v, r, &now, &mut races)
                                 .map_err(|e| ctx(&e))?;
                             true
                         }
@@ -241,14 +292,15 @@ pub fn simulate(
                     },
                     Action::RecvReduce { peer, dst, with } => {
                         match msgs.remove(&(peer, r, msg_index[r][i])) {
-                            Some((v, heard)) => {
+                            Some((v, heard, sent)) => {
                                 learn(&mut ranks[r].heard, &heard);
+                                join(&mut now, &sent);
                                 if v.len() != dst.len {
                                     return Err(ctx(&format!("message of {} elements", v.len())));
                                 }
                                 let w = ranks[r].mem.read(with).map_err(|e| ctx(&e))?;
                                 let out = combine(&[v, w]).map_err(|e| ctx(&e))?;
-                                write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                                write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
                                     .map_err(|e| ctx(&e))?;
                                 true
                             }
@@ -257,7 +309,7 @@ pub fn simulate(
                     }
                     Action::Copy { src, dst } => {
                         let v = ranks[r].mem.read(src).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, v, r, epoch[r], &mut races)
+                        write(&mut ranks[r].mem, dst, v, r, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -277,7 +329,7 @@ pub fn simulate(
                             srcs.push(ranks[r].mem.read(sp).map_err(|e| ctx(&e))?);
                         }
                         let out = combine(&srcs).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -290,7 +342,7 @@ pub fn simulate(
                                 None => Err(ctx("divides undefined data")),
                             })
                             .collect::<Result<Vec<Val>, String>>()?;
-                        write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -298,12 +350,12 @@ pub fn simulate(
                         let mut srcs = Vec::new();
                         for k in 0..n {
                             srcs.push(
-                                remote_read(&ranks, r, k, src, epoch[r], &mut races)
+                                remote_read(&ranks, r, k, src, &now, &mut races)
                                     .map_err(|e| ctx(&e))?,
                             );
                         }
                         let out = combine(&srcs).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, out, r, epoch[r], &mut races)
+                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -311,16 +363,27 @@ pub fn simulate(
                         if peer >= n {
                             return Err(ctx("no such peer"));
                         }
-                        let v = remote_read(&ranks, r, peer, src, epoch[r], &mut races)
+                        let v = remote_read(&ranks, r, peer, src, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, v, r, epoch[r], &mut races)
+                        write(&mut ranks[r].mem, dst, v, r, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
                     Action::Sync => {
                         let k = sync_no[r][i];
                         arrived[r] = arrived[r].max(k + 1);
+                        sync_arrival.entry((r, k)).or_insert_with(|| {
+                            // Every earlier step is done (the fence).
+                            let mut c = entry[r].clone();
+                            for cl in clocks[r][..i].iter().flatten() {
+                                join(&mut c, cl);
+                            }
+                            c
+                        });
                         if arrived.iter().all(|a| *a > k) {
+                            for q in 0..n {
+                                join(&mut now, &sync_arrival[&(q, k)]);
+                            }
                             epoch[r] += 1;
                             ranks[r].heard.iter_mut().for_each(|h| *h = true);
                             true
@@ -330,6 +393,8 @@ pub fn simulate(
                     }
                 };
                 if ok {
+                    events[r] = now[r];
+                    clocks[r][i] = Some(now);
                     ranks[r].done[i] = true;
                     progressed = true;
                 }
@@ -384,7 +449,7 @@ fn write(
     dst: Span,
     v: Vec<Val>,
     rank: usize,
-    epoch: usize,
+    now: &Clock,
     races: &mut Races,
 ) -> Result<(), String> {
     let (m, at) = mem.loc(dst)?;
@@ -395,12 +460,14 @@ fn write(
     }
     for j in at..at + dst.len {
         let key = (rank, m, j);
-        if races.read.get(&key).is_some_and(|e| e.contains(&epoch)) {
-            return Err(format!(
-                "writes element {j} of memory {m} in the same phase as a peer reads it (a race)"
-            ));
+        if let Some(reads) = races.read.remove(&key) {
+            if let Some((q, _)) = reads.iter().find(|(q, e)| now[*q] < *e) {
+                return Err(format!(
+                    "writes element {j} of memory {m} while rank {q} may still read it (a race)"
+                ));
+            }
         }
-        races.written.insert(key, epoch);
+        races.written.insert(key, now[rank]);
     }
     mem.mems.get_mut(&m).unwrap()[at..at + dst.len].clone_from_slice(&v);
     Ok(())
@@ -413,7 +480,7 @@ fn remote_read(
     me: usize,
     owner: usize,
     src: Span,
-    epoch: usize,
+    now: &Clock,
     races: &mut Races,
 ) -> Result<Vec<Val>, String> {
     let (m, at) = ranks[me].mem.loc(src)?;
@@ -428,12 +495,12 @@ fn remote_read(
     if owner != me {
         for j in at..at + src.len {
             let key = (owner, m, j);
-            if races.written.get(&key) == Some(&epoch) {
+            if races.written.get(&key).is_some_and(|w| now[owner] < *w) {
                 return Err(format!(
-                    "reads element {j} of rank {owner}'s memory {m} in the phase it is written (a race)"
+                    "reads element {j} of rank {owner}'s memory {m} without following its write there (a race)"
                 ));
             }
-            races.read.entry(key).or_default().insert(epoch);
+            races.read.entry(key).or_default().push((me, now[me]));
         }
     }
     let v = theirs[at..at + src.len].to_vec();
@@ -655,7 +722,7 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
             for avg in [false, true] {
                 for in_place in [false, true] {
                     for &root in &roots {
-                        for direct in [false, true] {
+                        for direct in [None, Some(Access::Mapped), Some(Access::OneSided)] {
                             v.push(CollSpec {
                                 kind,
                                 rank: 0,

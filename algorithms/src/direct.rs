@@ -1,17 +1,24 @@
 //! Zero-copy collectives over direct access: every rank reads its peers'
-//! registered buffers where they lie (shared memory today; CUDA IPC and
-//! RDMA next) instead of exchanging messages. Phases are separated by
-//! [`Action::Sync`]: the first ("ready") also checks that every rank called
-//! the same thing; the last ("done") keeps any buffer from changing while a
-//! peer may still read it.
+//! registered buffers where they lie instead of exchanging messages.
+//! Phases are separated by [`Action::Sync`]: the first ("ready") also
+//! checks that every rank called the same thing; the last ("done") keeps
+//! any buffer from changing while a peer may still read it.
+//!
+//! The schedules are written once, for memory mapped into the process
+//! ([`Access::Mapped`]: shared memory; CUDA IPC next). Over one-sided links
+//! ([`Access::OneSided`]: RDMA) [`over_one_sided`] rewrites them: a read
+//! of every peer's span becomes one-sided reads into scratch and a
+//! `Combine` (a reduction cannot run on memory that is not mapped), and
+//! every `Sync` becomes a barrier of zero-length messages, whose headers
+//! carry the call check for free.
 //!
 //! Direct steps address a peer's buffer with this rank's buffer id and
 //! offset: the registered buffers of one call have the same shape on every
 //! rank. An in-place all_gather therefore reads peers' *output* segments,
 //! never their input span (whose offset differs per rank).
 
-use crate::schedule::{seg_len, seg_off, Action, Schedule, Span, INPUT, OUTPUT};
-use crate::spec::{CollSpec, Kind};
+use crate::schedule::{seg_len, seg_off, Action, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH};
+use crate::spec::{Access, CollSpec, Kind};
 
 /// All-reduce: rank `r` reduces segment `r` of every rank's input into its
 /// output; after a `Sync`, every rank copies the other segments from their
@@ -140,8 +147,87 @@ pub fn reduce_scatter(rank: usize, count: usize, avg: bool, in_place: bool) -> S
     s
 }
 
+/// `sched` (rank `rank` of `n`, written for mapped memory) for one-sided
+/// links: `ReduceFrom` becomes a `CopyFrom` of each peer's span into its
+/// own scratch slot plus a `Combine`, and each `Sync` a barrier: a
+/// zero-length message to and from every peer. A barrier's sends wait for
+/// every earlier step of the rank; every later step waits for the whole
+/// barrier (the fence a `Sync` is).
+pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
+    let mut out = Schedule {
+        steps: Vec::with_capacity(sched.steps.len() * 2),
+        scratch: sched.scratch,
+    };
+    // Old step -> the new step that completes it (Syncs have none: the
+    // fence below stands for them).
+    let mut new_of: Vec<Option<u32>> = Vec::with_capacity(sched.steps.len());
+    // The last barrier's steps, and every step since it.
+    let mut fence: Vec<u32> = Vec::new();
+    let mut since: Vec<u32> = Vec::new();
+    let token = Span::new(SCRATCH, 0, 0);
+    for st in &sched.steps {
+        let mut deps: Vec<u32> = st
+            .deps
+            .iter()
+            .filter_map(|d| new_of[*d as usize])
+            .chain(fence.iter().copied())
+            .collect();
+        deps.sort_unstable();
+        deps.dedup();
+        let mut push = |out: &mut Schedule, action: Action, deps: &[u32]| {
+            let i = out.push(action, deps);
+            since.push(i);
+            i
+        };
+        let done = match st.action {
+            Action::Sync => {
+                let before: Vec<u32> = since.drain(..).chain(fence.drain(..)).collect();
+                for k in (0..n).filter(|k| *k != rank) {
+                    fence.push(out.push(Action::Send { peer: k, src: token }, &before));
+                }
+                for k in (0..n).filter(|k| *k != rank) {
+                    fence.push(out.push(Action::Recv { peer: k, dst: token }, &[]));
+                }
+                None
+            }
+            Action::ReduceFrom { dst, src } => {
+                let base = out.scratch;
+                out.scratch += n * src.len;
+                let mut got = deps.clone();
+                for k in (0..n).filter(|k| *k != rank) {
+                    let slot = Span::new(SCRATCH, base + k * src.len, src.len);
+                    got.push(push(
+                        &mut out,
+                        Action::CopyFrom {
+                            peer: k,
+                            src,
+                            dst: slot,
+                        },
+                        &deps,
+                    ));
+                }
+                let slots = Span::new(SCRATCH, base, n * src.len);
+                Some(push(
+                    &mut out,
+                    Action::Combine {
+                        dst,
+                        input: src,
+                        slots,
+                        me: rank,
+                    },
+                    &got,
+                ))
+            }
+            action => Some(push(&mut out, action, &deps)),
+        };
+        new_of.push(done);
+    }
+    debug_assert!(out.steps.iter().all(|s: &Step| s.action != Action::Sync));
+    out
+}
+
 /// Direct access: needs `CollSpec::direct` (all of the call's buffers
-/// registered on a communicator whose every link can map peers' memory).
+/// registered on a communicator whose every link reaches peers' memory).
 pub struct Direct;
 
 impl crate::Algorithm for Direct {
@@ -149,7 +235,7 @@ impl crate::Algorithm for Direct {
         "direct"
     }
     fn supports(&self, s: &CollSpec) -> bool {
-        s.direct
+        s.direct.is_some()
             && s.nranks > 1
             && matches!(
                 s.kind,
@@ -158,11 +244,15 @@ impl crate::Algorithm for Direct {
     }
     fn build(&self, s: &CollSpec) -> Schedule {
         let (r, n, c) = (s.rank, s.nranks, s.count);
-        match s.kind {
+        let mapped = match s.kind {
             Kind::AllReduce => all_reduce(r, n, c, s.avg),
             Kind::AllGather => all_gather(r, n, c, s.in_place),
             Kind::Broadcast => broadcast(r, c, s.root, s.in_place),
             _ => reduce_scatter(r, c, s.avg, s.in_place),
+        };
+        match s.direct {
+            Some(Access::OneSided) => over_one_sided(&mapped, r, n),
+            _ => mapped,
         }
     }
 }

@@ -28,4 +28,4 @@ pub use p2p::{p2p, P2pStep};
 pub use schedule::{
     chunks, seg_len, seg_off, Action, BufId, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH,
 };
-pub use spec::{CollSpec, Kind, Tuning};
+pub use spec::{Access, CollSpec, Kind, Tuning};

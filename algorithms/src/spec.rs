@@ -78,9 +78,20 @@ pub struct CollSpec {
     pub chunk: usize,
     /// Bytes per element (for size thresholds).
     pub elem_size: usize,
-    /// Every rank can read and write every other rank's buffers of this
-    /// call directly (registered memory on a direct-access transport).
-    pub direct: bool,
+    /// Every rank can reach every other rank's buffers of this call
+    /// directly (registered memory on a direct-access transport), and how.
+    pub direct: Option<Access>,
+}
+
+/// How a rank reaches its peers' registered buffers in a direct call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    /// Mapped into this process: loads and stores, with phase flags in
+    /// pages every rank maps (shared memory; CUDA IPC next).
+    Mapped,
+    /// Through the link to the peer, with one-sided reads that complete
+    /// asynchronously; phases are zero-length messages (RDMA).
+    OneSided,
 }
 
 impl CollSpec {
@@ -97,7 +108,7 @@ impl CollSpec {
             in_place: false,
             chunk: usize::MAX,
             elem_size: 4,
-            direct: false,
+            direct: None,
         }
     }
 

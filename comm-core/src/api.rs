@@ -96,9 +96,11 @@ fn run_coll(
             .flatten()
             .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
     };
-    let direct = inner.direct.is_some()
-        && passed().next().is_some()
-        && passed().all(|r| st.is_direct(inner, &r));
+    let direct = inner
+        .direct
+        .as_ref()
+        .filter(|_| passed().next().is_some() && passed().all(|r| st.is_direct(inner, &r)))
+        .map(|d| d.access());
     let spec = CollSpec {
         kind: c.kind,
         rank: inner.rank,

@@ -261,7 +261,17 @@ impl Communicator {
                 "no transport produced a link to rank {missing}"
             )));
         }
-        let served_by = served_by.filter(|_| !mixed);
+        let served_by = served_by.filter(|_| !mixed && nranks > 1);
+        let direct = served_by.and_then(|t| endpoints[t].direct());
+        let mut net = Net::new(links);
+        if let (Some(d), Some(t)) = (&direct, served_by) {
+            // One-sided reads of peers' buffers may land in scratch memory.
+            if d.access() == crate::algorithms::Access::OneSided {
+                if let Some(r) = endpoints[t].registry() {
+                    net.set_scratch_registry(r);
+                }
+            }
+        }
         let sender = control.sender()?;
         let local = peers.iter().filter(|p| p.host_id == me.host_id).count();
         let cores = std::thread::available_parallelism()
@@ -284,7 +294,7 @@ impl Communicator {
                 oversubscribed: local > cores,
                 transports,
                 state: Mutex::new(State {
-                    net: Net::new(links),
+                    net,
                     control,
                     control_checked: Instant::now(),
                     flags: None,
@@ -307,9 +317,7 @@ impl Communicator {
                 last_algorithm: AtomicUsize::new(0),
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
-                direct: served_by
-                    .filter(|_| nranks > 1)
-                    .and_then(|t| endpoints[t].direct()),
+                direct,
                 _endpoints: Mutex::new(endpoints),
             }),
         })
@@ -560,25 +568,29 @@ impl Inner {
                 ));
             }
         }
-        // Direct steps need the flag pages and the peers' mappings of the
-        // call's registered buffers.
-        let syncs = sched
-            .steps
-            .iter()
-            .filter(|s| s.action == Action::Sync)
-            .count() as u32;
-        let direct = match (&st.flags, syncs > 0) {
-            (Some(flags), true) => {
-                let find = |r: Option<&Region>| r.and_then(|r| st.registered(self.comm_id, r));
-                Some(DirectCtx {
-                    flags,
-                    base: st.sync_phase,
-                    maps: [find(bufs.first()), find(bufs.get(1))],
-                })
-            }
-            _ => None,
-        };
+        // Direct steps need the peers' memory of the call's registered
+        // buffers, and mapped access the flag pages.
+        let (mut syncs, mut direct_steps) = (0u32, false);
+        for s in &sched.steps {
+            syncs += u32::from(s.action == Action::Sync);
+            direct_steps |= matches!(
+                s.action,
+                Action::Sync | Action::CopyFrom { .. } | Action::ReduceFrom { .. }
+            );
+        }
+        let base = st.sync_phase;
         st.sync_phase = st.sync_phase.wrapping_add(syncs);
+        let direct = if direct_steps {
+            let find = |r: Option<&Region>| r.and_then(|r| st.registered(self.comm_id, r));
+            let maps = [find(bufs.first()), find(bufs.get(1))];
+            Some(DirectCtx {
+                flags: st.flags.as_ref(),
+                base,
+                maps,
+            })
+        } else {
+            None
+        };
         let mut cx = CallCtx {
             rank: self.rank,
             nranks: self.nranks,

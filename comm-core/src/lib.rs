@@ -43,7 +43,8 @@ pub use mem::{
     Buffer, BufferMut, DeviceKind, MemoryRegistration, MemorySpace, Region, SharedBuffer,
 };
 pub use transport::{
-    DirectAccess, Endpoint, Link, PeerInfo, Registration, Registry, SetupCtx, Transport, Transports,
+    DirectAccess, Endpoint, Link, OneSided, PeerInfo, PeerMemory, Registration, Registry,
+    RemoteMemory, SetupCtx, Transport, Transports,
 };
 pub use types::{as_bytes, as_bytes_mut, DataType, Element, ReduceOp};
 pub use work::Work;

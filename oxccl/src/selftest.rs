@@ -6,6 +6,9 @@
 
 use crate::{bf16, f16, with_dtype, Communicator, DataType, Element, ReduceOp};
 
+mod registered;
+pub use registered::run_registered;
+
 fn err(e: crate::Error) -> String {
     e.to_string()
 }

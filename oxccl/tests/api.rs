@@ -365,138 +365,22 @@ fn fnv_hash(v: &[f32]) -> u64 {
 mod registered {
     use super::common::*;
     use oxccl::prelude::*;
-    use oxccl::selftest::{data, expected, TestElem};
-    use oxccl::{bf16, f16};
-
-    fn check<T: TestElem>(c: &Communicator, counts: &[usize]) {
-        let (r, n) = (c.rank(), c.nranks());
-        for &count in counts {
-            for op in ReduceOp::ALL {
-                let input: Vec<T> = data(op, r, 0, count);
-                let mut buf = c.alloc_shared::<T>(count).unwrap();
-                assert_eq!(
-                    buf.is_zero_copy(),
-                    n > 1 && c.peers().iter().all(|p| p.host_id == c.peers()[0].host_id)
-                );
-                buf.copy_from_slice(&input);
-                c.all_reduce_in_place(&mut buf, op).unwrap();
-                let want = if buf.is_zero_copy() {
-                    "direct"
-                } else if count * std::mem::size_of::<T>() <= 16 << 10 {
-                    "oneshot"
-                } else {
-                    "ring"
-                };
-                assert_eq!(c.last_algorithm(), Some(want), "count {count}");
-                for i in 0..count {
-                    assert!(
-                        T::same(buf[i], expected(op, n, i)),
-                        "{} {op} count {count} in place [{i}]",
-                        T::DTYPE
-                    );
-                }
-                let mut send = c.alloc_shared::<T>(count).unwrap();
-                send.copy_from_slice(&input);
-                let mut recv = c.alloc_shared::<T>(count).unwrap();
-                c.all_reduce(&send, &mut recv, op).unwrap();
-                for i in 0..count {
-                    assert!(
-                        T::same(recv[i], expected(op, n, i)),
-                        "{} {op} count {count} out of place [{i}]",
-                        T::DTYPE
-                    );
-                }
-                assert_eq!(&send[..], &input[..], "the send buffer must not change");
-            }
-        }
-    }
-
-    fn check_others<T: TestElem>(c: &Communicator, counts: &[usize]) {
-        use oxccl::selftest::value;
-        let (r, n) = (c.rank(), c.nranks());
-        for &count in counts {
-            // broadcast from every root
-            for root in [0, n - 1] {
-                let mut b = c.alloc_shared::<T>(count).unwrap();
-                b.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
-                c.broadcast_in_place(&mut b, root).unwrap();
-                for i in 0..count {
-                    assert!(
-                        T::same(b[i], T::from_i(value(ReduceOp::Sum, root, i))),
-                        "{} broadcast root {root} [{i}]",
-                        T::DTYPE
-                    );
-                }
-            }
-            // all_gather: this rank's part at rank * count
-            let mut b = c.alloc_shared::<T>(n * count).unwrap();
-            b[r * count..(r + 1) * count].copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
-            c.all_gather_in_place(&mut b).unwrap();
-            for i in 0..n * count {
-                assert!(
-                    T::same(b[i], T::from_i(value(ReduceOp::Sum, i / count, i % count))),
-                    "{} all_gather [{i}]",
-                    T::DTYPE
-                );
-            }
-            // reduce_scatter for every op
-            for op in ReduceOp::ALL {
-                let full: Vec<T> = data(op, r, 0, n * count);
-                let mut b = c.alloc_shared::<T>(n * count).unwrap();
-                b.copy_from_slice(&full);
-                c.reduce_scatter_in_place(&mut b, op).unwrap();
-                assert_eq!(
-                    c.last_algorithm(),
-                    Some(if b.is_zero_copy() { "direct" } else { "ring" })
-                );
-                for i in 0..n * count {
-                    let want = if i / count.max(1) == r && count > 0 {
-                        expected(op, n, i)
-                    } else {
-                        full[i]
-                    };
-                    assert!(
-                        T::same(b[i], want),
-                        "{} reduce_scatter {op} [{i}]",
-                        T::DTYPE
-                    );
-                }
-            }
-        }
-    }
-
-    fn all_types(c: &Communicator) {
-        let n = c.nranks();
-        let counts = [0, 1, 7, n - 1, n + 1, 200_003];
-        check::<i8>(c, &counts);
-        check::<u8>(c, &counts);
-        check::<i32>(c, &counts);
-        check::<u32>(c, &counts);
-        check::<i64>(c, &counts);
-        check::<u64>(c, &counts);
-        check::<f16>(c, &counts);
-        check::<bf16>(c, &counts);
-        check::<f32>(c, &counts);
-        check::<f64>(c, &counts);
-        let small = [0, 1, 7, 50_001];
-        check_others::<i8>(c, &small);
-        check_others::<u32>(c, &small);
-        check_others::<bf16>(c, &small);
-        check_others::<f16>(c, &small);
-        check_others::<f32>(c, &small);
-        check_others::<i64>(c, &small);
-    }
+    use oxccl::selftest::run_registered;
 
     #[test]
     fn zero_copy_all_reduce_matrix() {
-        for n in [2, 3, 4, 5, 8] {
-            with_ranks(n, test_config(), |c| all_types(&c));
+        for n in [1, 2, 3, 4, 5, 8] {
+            with_ranks(n, test_config(), |c| {
+                run_registered(&c, n > 1, 200_003).unwrap();
+            });
         }
     }
 
     #[test]
     fn registered_buffers_across_hosts_fall_back_and_stay_correct() {
-        with_rank_configs(4, |r| host_config(r % 2), |c| all_types(&c));
+        with_rank_configs(4, |r| host_config(r % 2), |c| {
+            run_registered(&c, false, 200_003).unwrap();
+        });
     }
 
     #[test]

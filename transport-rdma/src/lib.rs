@@ -4,7 +4,8 @@
 //! into slots of the receiver's registered ring with RDMA WRITE WITH
 //! IMMEDIATE, under credit-based flow control ([`credit`]); large sends from
 //! registered memory go zero-copy ([`regcache`]), the rest through
-//! registered bounce slots.
+//! registered bounce slots. Buffers from `alloc_shared` are exported for
+//! direct access ([`direct`]): peers read them with RDMA READ.
 //!
 //! Setup: every rank listens on a TCP port (published through the
 //! communicator's bootstrap); the higher rank of each pair connects, both
@@ -22,6 +23,8 @@ pub mod device;
 pub mod exchange;
 pub mod regcache;
 
+#[cfg(feature = "verbs")]
+pub mod direct;
 #[cfg(feature = "verbs")]
 pub mod link;
 #[cfg(feature = "verbs")]

@@ -18,6 +18,12 @@
 //!   still reads. Up to `slots` writes are in flight, so a large message
 //!   streams while the peer drains earlier slots.
 //!
+//! One-sided reads ([`OneSided`]): the peer's exported memory (registered
+//! for remote reads, see `RdmaDirect`) is read with RDMA READ into this
+//! rank's registered memory, in chunks of [`READ_CHUNK`], at most
+//! [`READ_DEPTH`] posted at a time; reads complete in posting order (RC),
+//! so a ticket counter says which are done.
+//!
 //! Waiting: the executor spins on [`Link::read`]/[`Link::write`] (which poll
 //! the CQ), then calls [`Link::arm`], which requests a completion event and
 //! re-polls, and sleeps in `poll(2)` on an epoll fd holding the completion
@@ -28,7 +34,8 @@ use crate::credit::{RecvWindow, SendWindow};
 use crate::exchange::QpEndpoint;
 use crate::regcache::RegCache;
 use crate::verbs::{status_str, Cq, Local, Mr, Qp, Wc};
-use comm_core::transport::Link;
+use comm_core::transport::{Link, OneSided, RemoteMemory};
+use comm_core::Region;
 use ibverbs_sys::{ibv_wc_opcode, ibv_wc_status};
 use std::collections::VecDeque;
 use std::io::{self, ErrorKind, IoSlice, IoSliceMut};
@@ -44,12 +51,33 @@ pub const ZERO_COPY_MIN: usize = 32 << 10;
 const WR_DATA: u64 = 1;
 const WR_CREDIT: u64 = 2;
 pub const WR_RECV: u64 = 3;
+const WR_READ: u64 = 4;
+
+/// Bytes per RDMA READ work request.
+pub const READ_CHUNK: usize = 1 << 20;
+/// RDMA READs posted at a time per link (room in the send queue beyond
+/// what messages use).
+pub const READ_DEPTH: usize = 8;
 
 /// A posted send, in posting order (RC completes sends in that order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sent {
     Data { zero_copy: bool },
     Credit,
+    /// A chunk of a one-sided read; the last chunk carries its ticket.
+    Read { last_of: Option<u64> },
+}
+
+/// A one-sided read not yet fully posted.
+struct PendingRead {
+    local: u64,
+    remote: u64,
+    rkey: u32,
+    left: usize,
+    ticket: u64,
+    /// Keeps the local registration alive while the device writes there
+    /// (none for a read of nothing).
+    mr: Option<Arc<Mr>>,
 }
 
 /// A zero-copy write from the caller's memory.
@@ -108,6 +136,14 @@ pub struct RdmaLink {
     peer_gone: bool,
     /// Logged once per link (debug): evidence that zero-copy is in use.
     used_zero_copy: bool,
+    /// One-sided reads waiting to be posted, and the registrations of
+    /// posted chunks (in posting order).
+    reads: VecDeque<PendingRead>,
+    read_mrs: VecDeque<Arc<Mr>>,
+    next_ticket: u64,
+    /// Every read with a smaller ticket has completed.
+    reads_done: u64,
+    used_reads: bool,
 }
 
 impl RdmaLink {
@@ -135,6 +171,11 @@ impl RdmaLink {
             closed: false,
             peer_gone: false,
             used_zero_copy: false,
+            reads: VecDeque::new(),
+            read_mrs: VecDeque::with_capacity(READ_DEPTH),
+            next_ticket: 0,
+            reads_done: 0,
+            used_reads: false,
         })
     }
 
@@ -176,7 +217,54 @@ impl RdmaLink {
             }
         }
         self.return_credits()?;
+        self.post_reads()?;
         Ok(any)
+    }
+
+    /// Post chunks of pending one-sided reads while there is room; a read
+    /// of nothing completes once every read before it has.
+    fn post_reads(&mut self) -> io::Result<()> {
+        while let Some(p) = self.reads.front() {
+            let (ticket, left) = (p.ticket, p.left);
+            let Some(mr) = p.mr.clone().filter(|_| left > 0) else {
+                if !self.read_mrs.is_empty() {
+                    break;
+                }
+                self.reads_done = ticket + 1;
+                self.reads.pop_front();
+                continue;
+            };
+            if self.read_mrs.len() >= READ_DEPTH {
+                break;
+            }
+            let len = left.min(READ_CHUNK);
+            let local = Local {
+                addr: p.local,
+                len: len as u32,
+                lkey: mr.lkey(),
+            };
+            let (remote, rkey) = (p.remote, p.rkey);
+            // SAFETY: the destination lies in `mr`'s registered range (looked
+            // up when the read started) and the caller of `read` leaves it
+            // alone until the ticket completes; `read_mrs` keeps the
+            // registration until this chunk's completion.
+            if let Err(e) = unsafe { self.qp.post_read(WR_READ, local, remote, rkey) } {
+                return Err(self.fail(ErrorKind::InvalidData, e.to_string()));
+            }
+            self.read_mrs.push_back(mr);
+            let last = len == left;
+            if last {
+                self.reads.pop_front();
+            } else if let Some(p) = self.reads.front_mut() {
+                p.local += len as u64;
+                p.remote += len as u64;
+                p.left -= len;
+            }
+            self.sent.push_back(Sent::Read {
+                last_of: last.then_some(ticket),
+            });
+        }
+        Ok(())
     }
 
     fn complete(&mut self, wc: &Wc) -> io::Result<()> {
@@ -184,6 +272,7 @@ impl RdmaLink {
             let verb = match wc.wr_id() {
                 WR_DATA => "RDMA WRITE WITH IMMEDIATE",
                 WR_CREDIT => "SEND WITH IMMEDIATE (credit)",
+                WR_READ => "RDMA READ (of its registered buffer)",
                 _ => "RECV",
             };
             // Retries exhausted or flushed: the peer stopped answering (died,
@@ -217,6 +306,13 @@ impl RdmaLink {
             }
             WR_CREDIT => {
                 self.sent.pop_front();
+                Ok(())
+            }
+            WR_READ => {
+                if let Some(Sent::Read { last_of: Some(t) }) = self.sent.pop_front() {
+                    self.reads_done = t + 1;
+                }
+                self.read_mrs.pop_front();
                 Ok(())
             }
             _ => {
@@ -343,6 +439,10 @@ impl Link for RdmaLink {
         1
     }
 
+    fn one_sided(&mut self) -> Option<&mut dyn OneSided> {
+        Some(self)
+    }
+
     fn write(&mut self, _stream: usize, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
         if self.closed || self.peer_gone {
             return Err(ErrorKind::ConnectionReset.into());
@@ -453,6 +553,70 @@ impl Link for RdmaLink {
             self.qp.to_error();
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
         }
+    }
+}
+
+impl OneSided for RdmaLink {
+    unsafe fn read(&mut self, local: Region, remote: RemoteMemory) -> io::Result<u64> {
+        if self.closed || self.peer_gone {
+            return Err(ErrorKind::ConnectionReset.into());
+        }
+        if let Some((k, d)) = &self.failed {
+            return Err(io::Error::new(*k, d.clone()));
+        }
+        if local.len != remote.len || !local.space.is_host() {
+            return Err(io::Error::new(
+                ErrorKind::InvalidInput,
+                format!(
+                    "a one-sided read of {} bytes into {} bytes of {}",
+                    remote.len, local.len, local.space
+                ),
+            ));
+        }
+        let mr = match self.cache.lookup(local.addr, local.len) {
+            _ if local.len == 0 => None,
+            Some(mr) => Some(mr),
+            None => {
+                return Err(io::Error::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "a one-sided read into {} bytes at {:#x}, which are not registered with the device",
+                        local.len, local.addr
+                    ),
+                ))
+            }
+        };
+        if !self.used_reads {
+            self.used_reads = true;
+            tracing::debug!("oxccl rdma: first one-sided read of rank {}'s memory", self.peer);
+        }
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.reads.push_back(PendingRead {
+            local: local.addr as u64,
+            remote: remote.addr,
+            rkey: remote.key,
+            left: local.len,
+            ticket,
+            mr,
+        });
+        self.post_reads()?;
+        Ok(ticket)
+    }
+
+    fn reads_completed(&mut self) -> io::Result<u64> {
+        if self.closed {
+            return Err(ErrorKind::ConnectionReset.into());
+        }
+        self.progress()?;
+        if self.peer_gone && self.reads_done < self.next_ticket {
+            // Its memory went with its process: these reads cannot finish.
+            return Err(io::Error::new(
+                ErrorKind::ConnectionReset,
+                format!("rank {} hung up with reads of its memory pending", self.peer),
+            ));
+        }
+        Ok(self.reads_done)
     }
 }
 

@@ -3,13 +3,14 @@
 //! that turns an authenticated socket into an [`RdmaLink`].
 
 use crate::device;
+use crate::direct::RdmaDirect;
 use crate::exchange::{self, QpEndpoint};
 use crate::link::{self, Parts, RdmaLink, Slots};
 use crate::regcache::{InsertError, RegCache};
 use crate::verbs::{Context, Cq, Mr, PathInfo, Pd, Qp, QpSettings};
 use comm_core::door::Door;
 use comm_core::handshake::{self, Hello, Purpose};
-use comm_core::transport::{Endpoint, Link, Registry, SetupCtx, Transport};
+use comm_core::transport::{DirectAccess, Endpoint, Link, Registry, SetupCtx, Transport};
 use comm_core::wire;
 use comm_core::{Error, Region, Result};
 use std::io::{Read, Write};
@@ -224,6 +225,14 @@ impl Endpoint for RdmaEndpoint {
             device: self.setup.dev.name.clone(),
         }))
     }
+
+    fn direct(&self) -> Option<Arc<dyn DirectAccess>> {
+        Some(Arc::new(RdmaDirect {
+            pd: self.setup.pd.clone(),
+            cache: self.setup.cache.clone(),
+            device: self.setup.dev.name.clone(),
+        }))
+    }
 }
 
 /// The endpoint's registration cache as `comm-core` sees it.
@@ -245,7 +254,7 @@ impl Registry for CacheRegistry {
         // SAFETY: comm-core registers only memory it owns (a SharedBuffer's
         // mapping) and unregisters it before unmapping it.
         let r = self.cache.insert(addr, len, || unsafe {
-            Mr::register(&self.pd, addr as *mut u8, len)
+            Mr::register(&self.pd, addr as *mut u8, len, false)
         });
         r.map_err(|e| match e {
             InsertError::Overlap => Error::invalid(format!(
@@ -297,7 +306,7 @@ fn slots(pd: &Arc<Pd>, len: usize) -> std::io::Result<Slots> {
     let mut mem = vec![0u8; len].into_boxed_slice();
     // SAFETY: `Slots` keeps the memory alive longer than the region (field
     // order), and the link keeps both until its QP is destroyed.
-    let mr = unsafe { Mr::register(pd, mem.as_mut_ptr(), len)? };
+    let mr = unsafe { Mr::register(pd, mem.as_mut_ptr(), len, false)? };
     Ok(Slots { mr, mem })
 }
 
@@ -309,10 +318,12 @@ fn connect_pair(setup: &Setup, peer: usize, mut s: TcpStream) -> Result<RdmaLink
         detail: format!("RDMA setup ({what}) on {}: {e}", setup.dev.name),
     };
     let slot_bytes = setup.slot_bytes;
+    // Messages use `sq_cap` send slots; one-sided reads up to READ_DEPTH more.
     let sq_cap = 2 * SLOTS as usize + 4;
+    let sq = (sq_cap + link::READ_DEPTH) as u32;
     let rq = 2 * SLOTS + 4;
-    let cq = Cq::new(&setup.dev.ctx, (sq_cap as u32 + rq + 8) as i32).map_err(|e| terr("CQ", e))?;
-    let mut qp = Qp::new(&setup.pd, &cq, sq_cap as u32, rq).map_err(|e| terr("QP", e))?;
+    let cq = Cq::new(&setup.dev.ctx, (sq + rq + 8) as i32).map_err(|e| terr("CQ", e))?;
+    let mut qp = Qp::new(&setup.pd, &cq, sq, rq).map_err(|e| terr("QP", e))?;
     let ring =
         slots(&setup.pd, SLOTS as usize * slot_bytes as usize).map_err(|e| terr("ring", e))?;
     let mut psn = [0u8; 4];

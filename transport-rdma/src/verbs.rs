@@ -124,15 +124,26 @@ impl Context {
         Ok(attr)
     }
 
-    /// Number of physical ports.
-    pub fn port_count(&self) -> io::Result<u8> {
+    fn device_attr(&self) -> io::Result<ffi::ibv_device_attr> {
         let mut attr = ffi::ibv_device_attr::default();
         // SAFETY: valid context and out-parameter.
         check(
             unsafe { ffi::ibv_query_device(self.ctx, &mut attr) },
             "ibv_query_device",
         )?;
-        Ok(attr.phys_port_cnt)
+        Ok(attr)
+    }
+
+    /// Number of physical ports.
+    pub fn port_count(&self) -> io::Result<u8> {
+        Ok(self.device_attr()?.phys_port_cnt)
+    }
+
+    /// How many RDMA READs a queue pair may have outstanding, as initiator
+    /// and as responder (the smaller of the device's two limits).
+    pub fn reads_in_flight(&self) -> io::Result<u8> {
+        let a = self.device_attr()?;
+        Ok(a.max_qp_rd_atom.min(a.max_qp_init_rd_atom).clamp(1, 255) as u8)
     }
 
     /// GID `index` of `port`.
@@ -194,14 +205,24 @@ unsafe impl Send for Mr {}
 unsafe impl Sync for Mr {}
 
 impl Mr {
-    /// Register `len` bytes at `addr` for local use and remote writes.
+    /// Register `len` bytes at `addr` for local use and remote writes
+    /// (and, with `remote_read`, for peers' RDMA READs: memory exported
+    /// for direct access).
     ///
     /// # Safety
     /// The memory must stay allocated while the region exists and while any
     /// work request referring to it is outstanding.
-    pub unsafe fn register(pd: &Arc<Pd>, addr: *mut u8, len: usize) -> io::Result<Mr> {
-        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+    pub unsafe fn register(
+        pd: &Arc<Pd>,
+        addr: *mut u8,
+        len: usize,
+        remote_read: bool,
+    ) -> io::Result<Mr> {
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        if remote_read {
+            access = access | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+        }
         let mr = ffi::ibv_reg_mr(pd.pd, addr as *mut _, len, access.0 as i32);
         if mr.is_null() {
             return Err(errno(&format!("ibv_reg_mr({len} bytes)")));
@@ -344,6 +365,8 @@ pub struct QpSettings {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub traffic_class: u8,
+    /// RDMA READs outstanding per queue pair, each way.
+    pub reads_in_flight: u8,
 }
 
 /// Local memory a work request reads: address, length, region key.
@@ -416,8 +439,11 @@ impl Qp {
             qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
             pkey_index: 0,
             port_num: s.port,
+            // Remote reads reach only memory registered for them (direct
+            // access); the queue pair itself allows them.
             qp_access_flags: (ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
-                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+                | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ)
                 .0,
             ..Default::default()
         };
@@ -431,7 +457,7 @@ impl Qp {
             path_mtu: s.mtu,
             dest_qp_num: remote.qpn,
             rq_psn: remote.psn,
-            max_dest_rd_atomic: 1,
+            max_dest_rd_atomic: s.reads_in_flight,
             min_rnr_timer: 12,
             ..Default::default()
         };
@@ -464,7 +490,7 @@ impl Qp {
             // write, so "receiver not ready" never happens in a correct
             // peer; retry it forever (7) rather than fail spuriously.
             rnr_retry: 7,
-            max_rd_atomic: 1,
+            max_rd_atomic: s.reads_in_flight,
             ..Default::default()
         };
         self.modify(
@@ -542,6 +568,37 @@ impl Qp {
         wr.wr.rdma.remote_addr = remote;
         wr.wr.rdma.rkey = rkey;
         self.post_send(&mut wr, "ibv_post_send(RDMA_WRITE_WITH_IMM)")
+    }
+
+    /// Post a signaled RDMA READ of `local.len` bytes at `remote` (key
+    /// `rkey`) into `local`.
+    ///
+    /// # Safety
+    /// `local` must lie in the region of its key and stay valid, and be
+    /// neither read nor written, until the work request completes.
+    pub unsafe fn post_read(
+        &mut self,
+        wr_id: u64,
+        local: Local,
+        remote: u64,
+        rkey: u32,
+    ) -> io::Result<()> {
+        let mut sge = ffi::ibv_sge {
+            addr: local.addr,
+            length: local.len,
+            lkey: local.lkey,
+        };
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: 1,
+            opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
+            ..Default::default()
+        };
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = rkey;
+        self.post_send(&mut wr, "ibv_post_send(RDMA_READ)")
     }
 
     /// Post a signaled zero-length SEND WITH IMMEDIATE (a credit message).

@@ -4,7 +4,8 @@
 //! The handle is (pid, fd, length): 16 bytes, decoded totally.
 
 use comm_core::mem::MemfdMemory;
-use comm_core::transport::{DirectAccess, Mapped};
+use comm_core::algorithms::Access;
+use comm_core::transport::{DirectAccess, Mapped, PeerMemory};
 use comm_core::{Error, Result};
 
 /// Direct access through shared memory (what the shm endpoint offers).
@@ -31,6 +32,10 @@ fn decode(h: &[u8]) -> Option<(u32, i32, u64)> {
 }
 
 impl DirectAccess for ShmDirect {
+    fn access(&self) -> Access {
+        Access::Mapped
+    }
+
     fn export(&self, len: usize) -> Result<(Box<dyn Mapped>, Vec<u8>)> {
         let m = MemfdMemory::create(len)
             .map_err(|e| Error::System(format!("a {len}-byte shared buffer (memfd, mmap): {e}")))?;
@@ -38,7 +43,7 @@ impl DirectAccess for ShmDirect {
         Ok((Box::new(m), handle))
     }
 
-    fn import(&self, peer: usize, handle: &[u8], len: usize) -> Result<Box<dyn Mapped>> {
+    fn import(&self, peer: usize, handle: &[u8], len: usize) -> Result<PeerMemory> {
         let Some((pid, fd, their_len)) = decode(handle) else {
             return Err(Error::Protocol(format!(
                 "rank {peer} sent a shared-memory handle that does not decode ({} bytes)",
@@ -56,7 +61,7 @@ impl DirectAccess for ShmDirect {
                 "cannot map rank {peer}'s shared buffer (/proc/{pid}/fd/{fd}): {e}; registered buffers need all ranks of a host to run as one user"
             ),
         })?;
-        Ok(Box::new(m))
+        Ok(PeerMemory::Mapped(Box::new(m)))
     }
 }
 
@@ -77,7 +82,9 @@ mod tests {
     #[test]
     fn an_exported_buffer_is_the_same_memory_when_imported() {
         let (mine, h) = ShmDirect.export(8192).unwrap();
-        let theirs = ShmDirect.import(1, &h, 8192).unwrap();
+        let Ok(PeerMemory::Mapped(theirs)) = ShmDirect.import(1, &h, 8192) else {
+            panic!("shared memory is imported mapped")
+        };
         let (a, b) = (mine.region(), theirs.region());
         assert_ne!(a.addr, b.addr);
         // SAFETY: both map 8192 bytes of one file, alive here.

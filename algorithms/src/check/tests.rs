@@ -4,7 +4,7 @@
 use super::*;
 use crate::algorithm::{choose, REGISTRY};
 use crate::p2p::{p2p, P2pStep};
-use crate::spec::Tuning;
+use crate::spec::{Access, Tuning};
 
 /// The specs worth checking for `alg`: fields it ignores are normalised
 /// away so each distinct schedule is checked once.
@@ -18,8 +18,8 @@ fn cases(alg: &dyn Algorithm, kind: Kind, n: usize) -> Vec<CollSpec> {
             if !matches!(kind, Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce) {
                 s.avg = false;
             }
-            if s.direct && alg.supports(&CollSpec { direct: false, ..s }) {
-                s.direct = false;
+            if s.direct.is_some() && alg.supports(&CollSpec { direct: None, ..s }) {
+                s.direct = None;
             }
             s
         })
@@ -63,7 +63,7 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     s.count = 1 << 20;
     assert_eq!(choose(&s, None, &t).unwrap().name(), "ring");
     assert_eq!(choose(&s, Some("oneshot"), &t).unwrap().name(), "oneshot");
-    s.direct = true;
+    s.direct = Some(Access::Mapped);
     assert_eq!(choose(&s, None, &t).unwrap().name(), "direct");
     // Forcing an algorithm that cannot run a call leaves it to the registry.
     let b = CollSpec::new(Kind::Broadcast, 0, 4, 1000);
@@ -138,7 +138,7 @@ fn an_in_place_hazard_is_caught() {
 fn a_missing_phase_in_a_direct_schedule_is_a_race() {
     let n = 4;
     let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 10);
-    spec.direct = true;
+    spec.direct = Some(Access::Mapped);
     let scheds: Vec<Schedule> = (0..n)
         .map(|rank| {
             let s = crate::direct::Direct.build(&CollSpec { rank, ..spec });
@@ -165,6 +165,44 @@ fn a_missing_phase_in_a_direct_schedule_is_a_race() {
         .collect();
     let e = check_schedules(&spec, &scheds).unwrap_err();
     assert!(e.contains("race") || e.contains("undefined"), "{e}");
+}
+
+/// The one-sided all-reduce (phases as barriers of messages) with the
+/// copies of reduced segments no longer waiting for the middle barrier's
+/// messages: a rank reads a peer's segment its owner has not reduced yet.
+/// The vector clocks catch it although no `Sync` is left to count phases.
+#[test]
+fn a_one_sided_read_that_skips_a_barrier_is_a_race() {
+    let n = 3;
+    let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 9);
+    spec.direct = Some(Access::OneSided);
+    // In place, an early read finds defined (stale) data: only the race
+    // detection can tell.
+    spec.in_place = true;
+    let good: Vec<Schedule> = (0..n)
+        .map(|rank| crate::direct::Direct.build(&CollSpec { rank, ..spec }))
+        .collect();
+    assert!(good[0].steps.iter().all(|s| s.action != Action::Sync));
+    assert_eq!(check_schedules(&spec, &good), Ok(()));
+    let broken: Vec<Schedule> = good
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            let kinds: Vec<Action> = s.steps.iter().map(|st| st.action).collect();
+            for st in s.steps.iter_mut() {
+                if let Action::CopyFrom { dst, .. } = st.action {
+                    if dst.buf == OUTPUT {
+                        // Keep the dependencies on this rank's own sends.
+                        st.deps
+                            .retain(|d| matches!(kinds[*d as usize], Action::Send { .. }));
+                    }
+                }
+            }
+            s
+        })
+        .collect();
+    let e = check_schedules(&spec, &broken).unwrap_err();
+    assert!(e.contains("(a race)"), "{e}");
 }
 
 #[test]

@@ -60,6 +60,11 @@ impl CallCtx<'_> {
         }
     }
 
+    /// The ids of the call's registered buffers, as headers carry them.
+    fn buf_ids(&self) -> u64 {
+        self.direct.as_ref().map_or(0, |dx| dx.ids())
+    }
+
     pub(super) fn host(&self, rank: usize) -> String {
         self.peers
             .get(rank)
@@ -144,6 +149,9 @@ impl CallCtx<'_> {
         let (seq, fp) = self.seq_fp(step);
         let mut h = [0u8; HEADER_LEN];
         h[..4].copy_from_slice(MAGIC);
+        let ids = self.buf_ids();
+        h[4..8].copy_from_slice(&((ids >> 32) as u32).to_le_bytes());
+        h[20..24].copy_from_slice(&(ids as u32).to_le_bytes());
         h[8..16].copy_from_slice(&seq.to_le_bytes());
         h[16..20].copy_from_slice(&msg.to_le_bytes());
         h[24..32].copy_from_slice(&(len as u64).to_le_bytes());
@@ -163,6 +171,7 @@ impl CallCtx<'_> {
         let (my_seq, my_fp) = self.seq_fp(step);
         let Some(WireHeader {
             seq,
+            bufs,
             msg: their_msg,
             len: their_len,
             fp,
@@ -185,6 +194,14 @@ impl CallCtx<'_> {
                 local: describe_call(&my_fp, my_seq),
                 peer,
                 remote: describe_call(&fp, seq),
+            });
+        }
+        if bufs != self.buf_ids() {
+            // Direct steps address peers' buffers by this rank's ids.
+            return Err(Error::Mismatch {
+                local: self.own(),
+                peer,
+                remote: super::direct::describe(&fp, seq, bufs),
             });
         }
         if their_msg != msg || their_len != len as u64 {

@@ -1,5 +1,7 @@
 //! Direct access in the executor: where a span of a peer's registered
-//! buffer lies in this process, and the `Sync` phases.
+//! buffer lies (mapped in this process, or remote behind a one-sided
+//! link), and the `Sync` phases of mapped access. (One-sided schedules
+//! have no `Sync`: their phases are messages.)
 //!
 //! A phase is a counter per rank in a flag page every local rank maps
 //! (exported and imported through the transports' [`DirectAccess`]). A rank
@@ -21,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::exec::failure::describe_call;
 use crate::mem::shared::SharedMaps;
 use crate::mem::{MemorySpace, Region};
-use crate::transport::Mapped;
+use crate::transport::{Mapped, PeerMemory, RemoteMemory};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,9 +66,18 @@ impl SyncFlags {
 /// Bytes of a flag page.
 pub(crate) const FLAG_PAGE: usize = 4096;
 
+/// Where a span of a peer's buffer lies.
+pub(crate) enum PeerSpan {
+    /// Mapped here (or this rank's own).
+    Mapped(Region),
+    /// In the peer's process, read through the link to it.
+    Remote(RemoteMemory),
+}
+
 /// One call's direct-access context.
 pub(crate) struct DirectCtx<'a> {
-    pub flags: &'a SyncFlags,
+    /// The phase flags (mapped access; `None` for one-sided access).
+    pub flags: Option<&'a SyncFlags>,
     /// Every rank's phase counter stood here before this call.
     pub base: u32,
     /// The registered buffers behind INPUT and OUTPUT (None: plain memory).
@@ -80,9 +91,19 @@ impl DirectCtx<'_> {
         id(&self.maps[0]) << 32 | id(&self.maps[1]) & 0xffff_ffff
     }
 
+    /// The phase flags, which a `Sync` step needs.
+    pub fn flags(&self) -> Result<&SyncFlags> {
+        self.flags.ok_or_else(|| {
+            Error::Protocol(
+                "a Sync step on one-sided direct access, whose phases are messages (internal error)"
+                    .into(),
+            )
+        })
+    }
+
     /// Where span bytes `[off, off+len)` of this rank's buffer `buf`
     /// (`mine`, already resolved here) lie in rank `peer`'s copy of it.
-    pub fn peer_region(&self, buf: u16, mine: Region, peer: usize) -> Result<Region> {
+    pub fn peer_span(&self, buf: u16, mine: Region, peer: usize) -> Result<PeerSpan> {
         let m = self
             .maps
             .get(buf as usize)
@@ -95,15 +116,19 @@ impl DirectCtx<'_> {
             })?;
         let own = m.own.region();
         let off = mine.addr - own.addr;
-        let base = match m.peers.get(peer).and_then(|p| p.as_ref()) {
-            Some(p) => p.region(),
-            None => own,
-        };
-        Ok(Region {
-            space: MemorySpace::Host,
-            addr: base.addr + off,
-            len: mine.len,
-        })
+        match m.peers.get(peer).and_then(|p| p.as_ref()) {
+            Some(PeerMemory::Mapped(p)) => Ok(PeerSpan::Mapped(Region {
+                space: MemorySpace::Host,
+                addr: p.region().addr + off,
+                len: mine.len,
+            })),
+            Some(PeerMemory::Remote(r)) => r.sub(off, mine.len).map(PeerSpan::Remote).ok_or_else(|| {
+                Error::Protocol(format!(
+                    "a direct step reads past rank {peer}'s registered buffer (internal error)"
+                ))
+            }),
+            None => Ok(PeerSpan::Mapped(mine)),
+        }
     }
 }
 
@@ -113,6 +138,9 @@ pub(crate) fn reached(v: u32, target: u32) -> bool {
 }
 
 pub(super) fn describe(fp: &Fingerprint, seq: u64, ids: u64) -> String {
+    if ids == 0 {
+        return describe_call(fp, seq);
+    }
     format!(
         "{} on registered buffers {}/{}",
         describe_call(fp, seq),
@@ -128,8 +156,8 @@ pub(crate) fn arrive(
     me: usize,
     target: u32,
     first: Option<(Fingerprint, u64)>,
-) {
-    let f = dx.flags;
+) -> Result<()> {
+    let f = dx.flags()?;
     if let Some((fp, seq)) = first {
         let call = f.call(me);
         let b = fp.encode();
@@ -149,6 +177,7 @@ pub(crate) fn arrive(
     if f.waiters(me).load(Ordering::SeqCst) > 0 {
         crate::sys::futex_wake(f.phase(me));
     }
+    Ok(())
 }
 
 /// The first peer that has not reached `target`, or `None` when all have.
@@ -161,7 +190,7 @@ pub(crate) fn lagging(
     target: u32,
     first: Option<(Fingerprint, u64)>,
 ) -> Result<Option<usize>> {
-    let f = dx.flags;
+    let f = dx.flags()?;
     for k in (0..n).filter(|k| *k != me) {
         if !reached(f.phase(k).load(Ordering::Acquire), target) {
             return Ok(Some(k));
@@ -192,8 +221,8 @@ pub(crate) fn lagging(
 }
 
 /// Sleep one slice on `peer`'s phase counter while it is below `target`.
-pub(crate) fn sleep_on(dx: &DirectCtx<'_>, peer: usize, target: u32) {
-    let f = dx.flags;
+pub(crate) fn sleep_on(dx: &DirectCtx<'_>, peer: usize, target: u32) -> Result<()> {
+    let f = dx.flags()?;
     let (word, waiters) = (f.phase(peer), f.waiters(peer));
     waiters.fetch_add(1, Ordering::SeqCst);
     let v = word.load(Ordering::SeqCst);
@@ -201,6 +230,7 @@ pub(crate) fn sleep_on(dx: &DirectCtx<'_>, peer: usize, target: u32) {
         crate::sys::futex_wait(word, v, SLEEP_SLICE);
     }
     waiters.fetch_sub(1, Ordering::SeqCst);
+    Ok(())
 }
 
 #[cfg(test)]

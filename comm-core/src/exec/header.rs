@@ -1,4 +1,5 @@
-//! The 48-byte header in front of every message: magic, sequence number,
+//! The 48-byte header in front of every message: magic, the ids of the
+//! call's registered buffers (0 for plain memory), sequence number,
 //! message index, payload length and the call's fingerprint.
 
 use crate::call::Fingerprint;
@@ -11,6 +12,8 @@ pub(crate) const MAGIC: &[u8; 4] = b"OXM1";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WireHeader {
     pub seq: u64,
+    /// Ids of the registered buffers behind INPUT (high half) and OUTPUT.
+    pub bufs: u64,
     pub msg: u32,
     pub len: u64,
     /// `None` when the fingerprint bytes name no known call.
@@ -25,6 +28,8 @@ impl WireHeader {
         }
         Some(WireHeader {
             seq: u64::from_le_bytes(h[8..16].try_into().unwrap()),
+            bufs: (u32::from_le_bytes(h[4..8].try_into().unwrap()) as u64) << 32
+                | u32::from_le_bytes(h[20..24].try_into().unwrap()) as u64,
             msg: u32::from_le_bytes(h[16..20].try_into().unwrap()),
             len: u64::from_le_bytes(h[24..32].try_into().unwrap()),
             fp: Fingerprint::decode(h[32..48].try_into().unwrap()),

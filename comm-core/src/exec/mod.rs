@@ -4,13 +4,16 @@
 //! stream) pair has a FIFO of sends and one of receives, in schedule order;
 //! the k-th message to a peer travels on stream `k % streams`, so both
 //! sides agree where each message goes without negotiating. Local steps
-//! (copies, reductions, the division of `Avg`) and direct steps (reading
-//! peers' registered buffers) are started on the compute engine; `Sync`
-//! steps are fences across ranks ([`direct`]). Non-blocking writes and
+//! (copies, reductions, the division of `Avg`) and direct steps on mapped
+//! memory (reading peers' registered buffers) are started on the compute
+//! engine; direct reads of remote memory are started on the link to its
+//! owner ([`crate::transport::OneSided`]); `Sync` steps are fences across
+//! ranks ([`direct`]). Non-blocking writes and
 //! reads advance whatever is ready; when nothing is, the thread sleeps in
-//! `poll(2)` on the fds it needs plus the control connection (failure
-//! notices from other ranks), the abort eventfd and the engine's completion
-//! fd, bounded by the call's deadline.
+//! `poll(2)` on the fds it needs (links with messages or one-sided reads
+//! pending) plus the control connection (failure notices from other ranks),
+//! the abort eventfd and the engine's completion fd, bounded by the call's
+//! deadline.
 //!
 //! Every message starts with a 48-byte header naming the call (sequence
 //! number, fingerprint), the message index and the payload length, so a
@@ -25,6 +28,7 @@ mod header;
 pub(crate) use call::CallCtx;
 
 pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
+use direct::PeerSpan;
 pub(crate) use failure::{describe_call, notice_for, notice_to_error, stall_error, CallName};
 pub use header::{WireHeader, HEADER_LEN};
 
@@ -33,10 +37,11 @@ use crate::compute::{Compute, HostCompute, Pending};
 use crate::error::{Error, Result};
 use crate::mem::Region;
 use crate::schedule::{Action, Schedule, Span, SCRATCH};
-use crate::transport::Link;
+use crate::transport::{Link, Registration, Registry};
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a waiting call spins without yielding when it has a core.
@@ -54,6 +59,11 @@ pub struct Net {
     work: Work,
     /// The engine of local work (host today; a device engine per device).
     compute: Box<dyn Compute>,
+    /// Where scratch memory must be registered to receive one-sided reads
+    /// (the registry of the transport serving direct access, when it is
+    /// one-sided), and that registration.
+    scratch_registry: Option<Arc<dyn Registry>>,
+    scratch_reg: Option<Registration>,
 }
 
 /// Per-call bookkeeping, kept between calls so that a call allocates
@@ -71,6 +81,8 @@ struct Work {
     srcs: Vec<Region>,
     /// Local work an asynchronous engine has not completed yet.
     inflight: Vec<(u32, Pending)>,
+    /// One-sided reads in flight: (step, peer, the read's ticket).
+    remote: Vec<(u32, usize, u64)>,
     started: Vec<bool>,
 }
 
@@ -84,7 +96,34 @@ impl Net {
             pollfds: Vec::new(),
             work: Work::default(),
             compute: Box::new(HostCompute::new()),
+            scratch_registry: None,
+            scratch_reg: None,
         }
+    }
+
+    /// Register scratch memory with `registry` whenever direct steps need
+    /// it as a destination of one-sided reads.
+    pub fn set_scratch_registry(&mut self, registry: Arc<dyn Registry>) {
+        self.scratch_registry = Some(registry);
+    }
+
+    /// At least `bytes` of scratch memory, registered when one-sided reads
+    /// may land in it (`register`).
+    fn scratch_of(&mut self, bytes: usize, register: bool) -> Result<Region> {
+        if self.scratch.len() * 8 < bytes {
+            // Unregistered before the memory moves.
+            self.scratch_reg = None;
+            self.scratch.resize(bytes.div_ceil(8), 0);
+        }
+        if register && bytes > 0 && self.scratch_reg.is_none() {
+            if let Some(r) = &self.scratch_registry {
+                let all = Region::host_mut(crate::types::as_bytes_mut(&mut self.scratch[..]));
+                self.scratch_reg = Some(Registration::new(r.clone(), all)?);
+            }
+        }
+        Ok(Region::host_mut(
+            &mut crate::types::as_bytes_mut(&mut self.scratch[..])[..bytes],
+        ))
     }
 
     /// `dst = src` on this rank's compute engine, to completion.
@@ -166,13 +205,9 @@ fn execute_with(
     if nsteps == 0 {
         return Ok(());
     }
-    // Scratch memory (u64 keeps every element type aligned).
-    let scratch_bytes = sched.scratch * es;
-    if net.scratch.len() * 8 < scratch_bytes {
-        net.scratch.resize(scratch_bytes.div_ceil(8), 0);
-    }
-    let scratch =
-        Region::host_mut(&mut crate::types::as_bytes_mut(&mut net.scratch[..])[..scratch_bytes]);
+    // Scratch memory (u64 keeps every element type aligned), registered
+    // when one-sided reads may land in it.
+    let scratch = net.scratch_of(sched.scratch * es, cx.direct.is_some())?;
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -188,6 +223,7 @@ fn execute_with(
     w.started.clear();
     w.started.resize(nsteps, false);
     w.inflight.clear();
+    w.remote.clear();
     let Work {
         chans,
         nchans,
@@ -198,6 +234,7 @@ fn execute_with(
         done,
         srcs,
         inflight,
+        remote,
         started,
     } = w;
     let compute = &mut net.compute;
@@ -275,7 +312,7 @@ fn execute_with(
     // Room for every fd a wait can need (channels, control, abort, engine),
     // now: a call that first sleeps late must not allocate then.
     net.pollfds.clear();
-    net.pollfds.reserve(chans.len() + 3);
+    net.pollfds.reserve(chans.len() + cx.nranks + 3);
     let mut remaining = nsteps;
     let mut idle_since: Option<Instant> = None;
     let ready = |done: &[bool], i: u32| {
@@ -311,6 +348,23 @@ fn execute_with(
                 progressed = true;
             } else {
                 k += 1;
+            }
+        }
+        // One-sided reads that completed.
+        let mut k = 0;
+        while k < remote.len() {
+            let (i, peer, ticket) = remote[k];
+            let os = net.links[peer].as_mut().and_then(|l| l.one_sided());
+            match os.map(|os| os.reads_completed()) {
+                Some(Ok(c)) if c > ticket => {
+                    remote.swap_remove(k);
+                    done[i as usize] = true;
+                    remaining -= 1;
+                    progressed = true;
+                }
+                Some(Ok(_)) => k += 1,
+                Some(Err(e)) => return Err(cx.link_failed(peer, "reading its memory", e)),
+                None => unreachable!("a read was started on this link"),
             }
         }
 
@@ -353,14 +407,46 @@ fn execute_with(
                     let mine = region(bufs, scratch, src, es);
                     srcs.clear();
                     for k in 0..cx.nranks {
-                        srcs.push(dx.peer_region(src.buf, mine, k)?);
+                        match dx.peer_span(src.buf, mine, k)? {
+                            PeerSpan::Mapped(r) => srcs.push(r),
+                            PeerSpan::Remote(_) => {
+                                return Err(Error::Protocol(format!(
+                                    "schedule of {} reduces remote memory in place (one-sided schedules read it into scratch; internal error)",
+                                    cx.during
+                                )))
+                            }
+                        }
                     }
                     compute.reduce(cx.dtype, cx.op, region(bufs, scratch, dst, es), srcs)?
                 }
                 Action::CopyFrom { peer, src, dst } => {
                     let dx = direct_ctx(cx)?;
-                    let from = dx.peer_region(src.buf, region(bufs, scratch, src, es), peer)?;
-                    compute.copy(region(bufs, scratch, dst, es), from)?
+                    let to = region(bufs, scratch, dst, es);
+                    match dx.peer_span(src.buf, region(bufs, scratch, src, es), peer)? {
+                        PeerSpan::Mapped(from) => compute.copy(to, from)?,
+                        PeerSpan::Remote(from) => {
+                            let Some(os) = net.links[peer].as_mut().and_then(|l| l.one_sided())
+                            else {
+                                return Err(Error::Protocol(format!(
+                                    "schedule of {} reads rank {peer}'s memory, but the link to it has no one-sided reads (internal error)",
+                                    cx.during
+                                )));
+                            };
+                            // SAFETY: `to` is the call's buffer or scratch,
+                            // alive for the call; no other step touches it
+                            // before this one completes (the schedule's
+                            // dependencies, checked symbolically), and a
+                            // failed call closes the link, ending the read.
+                            let ticket = match unsafe { os.read(to, from) } {
+                                Ok(t) => t,
+                                Err(e) => return Err(cx.link_failed(peer, "reading its memory", e)),
+                            };
+                            started[iu] = true;
+                            remote.push((i, peer, ticket));
+                            progressed = true;
+                            continue;
+                        }
+                    }
                 }
                 Action::Sync => {
                     // The fence: checked until this rank arrives, not on
@@ -373,7 +459,7 @@ fn execute_with(
                     let dx = direct_ctx(cx)?;
                     let target = dx.base.wrapping_add(syncs_passed + 1);
                     if !arrived {
-                        direct::arrive(dx, me, target, first);
+                        direct::arrive(dx, me, target, first)?;
                         arrived = true;
                         progressed = true;
                     }
@@ -583,6 +669,7 @@ fn execute_with(
             let waits = Waits {
                 sync: sync_wait,
                 compute: !inflight.is_empty(),
+                remote,
             };
             let compute_fd = compute.completion_fd();
             wait(
@@ -610,12 +697,14 @@ fn direct_ctx<'a, 'b>(cx: &'b CallCtx<'a>) -> Result<&'b DirectCtx<'a>> {
     })
 }
 
-/// What an idle call waits for besides its links.
-struct Waits {
+/// What an idle call waits for besides its channels.
+struct Waits<'w> {
     /// A `Sync` waiting for this peer to reach this phase.
     sync: Option<(usize, u32)>,
     /// Local work of an asynchronous engine in flight.
     compute: bool,
+    /// One-sided reads in flight (step, peer, ticket).
+    remote: &'w [(u32, usize, u64)],
 }
 
 /// Sleep until a needed fd is ready, a notice arrives, abort, or deadline
@@ -629,7 +718,7 @@ fn wait(
     pollfds: &mut Vec<libc::pollfd>,
     compute_fd: Option<RawFd>,
     cx: &mut CallCtx<'_>,
-    waits: Waits,
+    waits: Waits<'_>,
 ) -> Result<()> {
     let ready = |i: u32| {
         sched.steps[i as usize]
@@ -644,6 +733,9 @@ fn wait(
             c.s_head < c.sends.len() && ready(c.sends[c.s_head]),
         )
     };
+    // Links with one-sided reads pending wake stream 0's fd. (A peer is
+    // listed once per read: arming twice is harmless.)
+    let reading = |k: usize| waits.remote[..k].iter().all(|r| r.1 != waits.remote[k].1);
     // Let transports that wake pollers themselves ask for a wake-up first.
     let mut became_ready = false;
     for c in chans {
@@ -651,6 +743,9 @@ fn wait(
         if r || w {
             became_ready |= links[c.peer].as_mut().unwrap().arm(c.stream, r, w);
         }
+    }
+    for k in (0..waits.remote.len()).filter(|k| reading(*k)) {
+        became_ready |= links[waits.remote[k].1].as_mut().unwrap().arm(0, true, false);
     }
     if became_ready {
         return Ok(());
@@ -666,6 +761,14 @@ fn wait(
                 revents: 0,
             });
         }
+    }
+    for k in (0..waits.remote.len()).filter(|k| reading(*k)) {
+        let link = links[waits.remote[k].1].as_ref().unwrap();
+        pollfds.push(libc::pollfd {
+            fd: link.fd(0),
+            events: link.poll_events(0, true, false),
+            revents: 0,
+        });
     }
     if waits.compute {
         if let Some(fd) = compute_fd {
@@ -718,10 +821,15 @@ fn wait(
                     waiting_for.push(format!("data from rank {} (stream {})", c.peer, c.stream));
                 }
             }
+            for k in (0..waits.remote.len()).filter(|k| reading(*k)) {
+                let peer = waits.remote[k].1;
+                waiting_for.push(format!("a one-sided read of rank {peer}'s memory"));
+            }
             let waits_on = chans
                 .iter()
                 .find(|c| wants(c) != (false, false))
-                .map(|c| c.peer);
+                .map(|c| c.peer)
+                .or(waits.remote.first().map(|r| r.1));
             let (during, own) = (cx.during.to_string(), cx.own());
             return Err(stall_error(
                 cx.control,
@@ -787,7 +895,7 @@ fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
             cx.timeout,
         ));
     }
-    direct::sleep_on(direct_ctx(cx)?, peer, target);
+    direct::sleep_on(direct_ctx(cx)?, peer, target)?;
     if let Some(ControlEvent::Notice(n)) = cx.control.poll() {
         return Err(cx.notice_error(n));
     }

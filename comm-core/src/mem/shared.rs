@@ -19,7 +19,8 @@ use super::{Buffer, MemorySpace, Region};
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::exec::{SyncFlags, FLAG_PAGE};
-use crate::transport::{DirectAccess, Mapped, Registration};
+use crate::algorithms::Access;
+use crate::transport::{DirectAccess, Mapped, PeerMemory, Registration};
 use crate::types::Element;
 use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
@@ -37,9 +38,9 @@ pub(crate) struct SharedMaps {
     /// Same on every rank for the same allocation.
     pub(crate) id: u64,
     pub(crate) own: Box<dyn Mapped>,
-    /// Every peer's memory of this allocation, mapped here (by rank; None
-    /// for self, and for everyone when not `zero_copy`).
-    pub(crate) peers: Vec<Option<Box<dyn Mapped>>>,
+    /// Every peer's memory of this allocation as this rank reaches it (by
+    /// rank; None for self, and for everyone when not `zero_copy`).
+    pub(crate) peers: Vec<Option<PeerMemory>>,
     /// Whether every rank mapped every other's (direct steps possible).
     pub(crate) zero_copy: bool,
 }
@@ -184,11 +185,22 @@ impl Communicator {
             st.shared_allocs += 1;
             Ok(st.shared_allocs)
         })?;
-        let need_flags = direct.is_some() && self.run(|_, st| Ok(st.flags.is_none()))?;
+        // Phase flags are pages every rank maps; one-sided access has its
+        // phases as messages.
+        let need_flags = direct
+            .as_ref()
+            .is_some_and(|d| d.access() == Access::Mapped)
+            && self.run(|_, st| Ok(st.flags.is_none()))?;
         // Export (or, without direct access, just allocate) our memory.
-        let (own, handle) = match &direct {
-            Some(d) => d.export(bytes)?,
-            None => (local_memory(bytes)?, Vec::new()),
+        // Memory the transport cannot export (RDMA: `ulimit -l`) is still a
+        // buffer, just not one peers reach.
+        let (own, handle, can_share) = match direct.as_ref().map(|d| d.export(bytes)) {
+            Some(Ok((m, h))) => (m, h, true),
+            Some(Err(e)) => {
+                tracing::warn!("oxccl: alloc_shared: {e}; collectives on this buffer exchange messages");
+                (local_memory(bytes)?, Vec::new(), false)
+            }
+            None => (local_memory(bytes)?, Vec::new(), false),
         };
         let (flag_own, flag_handle) = match (&direct, need_flags) {
             (Some(d), true) => {
@@ -199,7 +211,7 @@ impl Communicator {
         };
         let mut rec = Vec::with_capacity(RECORD);
         rec.extend_from_slice(&(len as u64).to_le_bytes());
-        rec.push(u8::from(direct.is_some()));
+        rec.push(u8::from(can_share));
         put_handle(&mut rec, &handle)?;
         put_handle(&mut rec, &flag_handle)?;
         let mut all = vec![0u8; RECORD * n];
@@ -214,14 +226,21 @@ impl Communicator {
             }
         }
         let zero_copy = n > 1 && (0..n).all(|k| record(k)[8] == 1);
-        let mut peers: Vec<Option<Box<dyn Mapped>>> = (0..n).map(|_| None).collect();
+        let mut peers: Vec<Option<PeerMemory>> = (0..n).map(|_| None).collect();
         let mut flag_peers: Vec<Option<Box<dyn Mapped>>> = (0..n).map(|_| None).collect();
         if let (true, Some(d)) = (zero_copy, &direct) {
             for k in (0..n).filter(|k| *k != me) {
                 peers[k] = Some(d.import(k, get_handle(record(k), 9, k)?, bytes)?);
                 if need_flags {
                     let h = get_handle(record(k), 10 + HANDLE_MAX, k)?;
-                    flag_peers[k] = Some(d.import(k, h, FLAG_PAGE)?);
+                    flag_peers[k] = match d.import(k, h, FLAG_PAGE)? {
+                        PeerMemory::Mapped(m) => Some(m),
+                        PeerMemory::Remote(_) => {
+                            return Err(Error::Protocol(format!(
+                                "rank {k}'s phase flags are not mappable though its memory is"
+                            )))
+                        }
+                    };
                 }
             }
         }

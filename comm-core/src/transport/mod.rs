@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::handshake::Secret;
 use crate::mem::{MemorySpace, Region};
+use crate::algorithms::Access;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::IpAddr;
 use std::os::fd::RawFd;
@@ -62,7 +63,8 @@ pub trait Endpoint: Send {
         None
     }
     /// Direct access to the memory of the peers this endpoint links, when
-    /// its links can map it (shared memory; CUDA IPC next). Default: none.
+    /// its links can reach it (shared memory maps it; RDMA reads it
+    /// one-sided; CUDA IPC next). Default: none.
     fn direct(&self) -> Option<Arc<dyn DirectAccess>> {
         None
     }
@@ -75,20 +77,71 @@ pub trait Mapped: Send + Sync {
     fn region(&self) -> Region;
 }
 
-/// A transport's ability to let ranks map each other's memory, so that
-/// schedules can read and write peers' buffers directly
-/// ([`crate::schedule::Action::ReduceFrom`], `CopyFrom`, `Sync` flag
-/// words) instead of exchanging messages. Shared memory implements it with
-/// memfds; CUDA IPC would with `cuIpcGetMemHandle`/`cuIpcOpenMemHandle`
-/// (regions in a device space, reached by a device compute engine).
+/// A transport's ability to let ranks reach each other's memory, so that
+/// schedules read peers' buffers directly
+/// ([`crate::schedule::Action::ReduceFrom`], `CopyFrom`, `Sync`) instead
+/// of exchanging messages. Two kinds ([`Access`]):
+/// - *mapped*: a peer's memory is mapped here and read with loads (shared
+///   memory, with memfds; CUDA IPC would use `cuIpcGetMemHandle` /
+///   `cuIpcOpenMemHandle`, regions in a device space reached by a device
+///   compute engine);
+/// - *one-sided*: a peer's memory is read through the link to it
+///   ([`Link::one_sided`]), asynchronously (RDMA READ).
 pub trait DirectAccess: Send + Sync {
-    /// Allocate `len` zeroed bytes peers can map, and the handle (a few
-    /// bytes, sent to every peer) they map it with.
+    /// How imported memory is reached (what schedules may assume).
+    fn access(&self) -> Access;
+    /// Allocate `len` zeroed bytes peers can reach, and the handle (a few
+    /// bytes, sent to every peer) they import it with.
     fn export(&self, len: usize) -> Result<(Box<dyn Mapped>, Vec<u8>)>;
-    /// Map the `len` bytes rank `peer` exported with `handle`. A handle
-    /// that does not decode is `Error::Protocol`; memory that cannot be
-    /// mapped is `Error::Transport` naming the peer.
-    fn import(&self, peer: usize, handle: &[u8], len: usize) -> Result<Box<dyn Mapped>>;
+    /// Import the `len` bytes rank `peer` exported with `handle`. A handle
+    /// that does not decode, or describes less than `len` bytes, is
+    /// `Error::Protocol`; memory that cannot be mapped is
+    /// `Error::Transport` naming the peer.
+    fn import(&self, peer: usize, handle: &[u8], len: usize) -> Result<PeerMemory>;
+}
+
+/// A peer's exported memory as this rank reaches it.
+pub enum PeerMemory {
+    /// Mapped into this process.
+    Mapped(Box<dyn Mapped>),
+    /// Read through the link to the peer ([`OneSided`]).
+    Remote(RemoteMemory),
+}
+
+/// Where a span of a peer's exported memory lies in the peer's process,
+/// with the key its link needs to reach it (an RDMA rkey).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteMemory {
+    pub addr: u64,
+    pub len: usize,
+    pub key: u32,
+}
+
+impl RemoteMemory {
+    /// Bytes `[off, off+len)` of this memory (`None` past its end).
+    pub fn sub(&self, off: usize, len: usize) -> Option<RemoteMemory> {
+        (off.checked_add(len)? <= self.len).then_some(RemoteMemory {
+            addr: self.addr + off as u64,
+            len,
+            key: self.key,
+        })
+    }
+}
+
+/// One-sided reads of the memory the peer exported, through a link that
+/// can do them (RDMA READ). Reads complete in the order they were started.
+pub trait OneSided {
+    /// Start copying `remote` (`local.len` bytes) into `local`, memory of
+    /// this rank registered with the link's transport. Returns the read's
+    /// ticket: it is complete once [`OneSided::reads_completed`] exceeds it.
+    ///
+    /// # Safety
+    /// `local` must stay allocated, and nothing may read or write it, until
+    /// the read completed or the link was closed.
+    unsafe fn read(&mut self, local: Region, remote: RemoteMemory) -> std::io::Result<u64>;
+    /// Make progress; every ticket below the returned one has completed.
+    /// A failed read fails the link (errors as for [`Link::read`]).
+    fn reads_completed(&mut self) -> std::io::Result<u64>;
 }
 
 /// Memory a transport may read directly (zero-copy) while it stays
@@ -139,6 +192,12 @@ pub trait Link: Send {
     /// Read into `bufs` from `stream`; `Ok(0)` is end of stream (the peer
     /// closed), `ErrorKind::WouldBlock` when nothing is there yet.
     fn read(&mut self, stream: usize, bufs: &mut [IoSliceMut<'_>]) -> std::io::Result<usize>;
+    /// One-sided reads of the peer's exported memory, when the link can do
+    /// them (see [`DirectAccess`]). Default: none. A link that has them
+    /// wakes [`Link::fd`] of stream 0 when a read completes.
+    fn one_sided(&mut self) -> Option<&mut dyn OneSided> {
+        None
+    }
     /// The fd that becomes readable/writable for `stream`.
     fn fd(&self, stream: usize) -> RawFd;
     /// The `poll(2)` events to wait for on [`Link::fd`] when the executor

@@ -9,6 +9,7 @@
 //! (direct) oxccl-selftest fault all_gather 16M 1 mid  # fault injection, see tests/faults.rs
 //! oxrun -n 4 oxccl-selftest small 10000         # many tiny all_reduces, each checked
 //! oxrun -n 2 oxccl-selftest registered-memory 4M # all_reduce from register_memory'd Vecs
+//! oxrun -n 3 oxccl-selftest registered 1M direct  # the matrix on alloc_shared buffers
 //! oxrun -n 5 oxccl-selftest soak 20000 7        # random calls (seed 7), each checked
 //! ```
 
@@ -97,6 +98,24 @@ fn main() {
                     "all_reduce f32 sum: {} bytes, {n} ranks, {iters} iters: {:.3} ms, algbw {algbw:.2} GB/s, busbw {busbw:.2} GB/s",
                     count * 4,
                     dt[0] * 1e3
+                );
+            }
+        }
+        "registered" => {
+            // The matrix on alloc_shared buffers; `direct` (default) or
+            // `messages` says which the transport must give.
+            let big = bytes_arg(args.get(1), 1 << 20) / 4;
+            let want_direct = match args.get(2).map(String::as_str) {
+                None | Some("direct") => true,
+                Some("messages") => false,
+                Some(x) => fail(format!("expected `direct` or `messages`, not {x:?}")),
+            };
+            let t = Instant::now();
+            oxccl::selftest::run_registered(&comm, want_direct, big).unwrap_or_else(|e| fail(e));
+            if rank == 0 {
+                println!(
+                    "registered OK: {n} ranks, direct access {want_direct}, every direct collective x dtype x op, in and out of place, up to {big} elements, in {:.1} s",
+                    t.elapsed().as_secs_f64()
                 );
             }
         }
@@ -233,6 +252,12 @@ fn main() {
             let mut a = vec![1.0f32; count];
             let mut b = vec![0.0f32; count];
             let mut gathered = vec![0.0f32; count * n];
+            // A registered buffer (collective: allocated by every rank).
+            let mut shared = if kind == "registered_all_reduce" {
+                Some(comm.alloc_shared::<f32>(count).unwrap_or_else(|e| fail(e)))
+            } else {
+                None
+            };
             let die = move || {
                 println!("DYING {rank} {}", epoch_ms());
                 let _ = std::io::Write::flush(&mut std::io::stdout());
@@ -259,6 +284,9 @@ fn main() {
                         comm.reduce_scatter(&a[..count / n * n], &mut b[..count / n], ReduceOp::Sum)
                     }
                     "broadcast" => comm.broadcast_in_place(&mut a, 0),
+                    "registered_all_reduce" => {
+                        comm.all_reduce_in_place(shared.as_mut().unwrap(), ReduceOp::Sum)
+                    }
                     "send_recv" => comm.send_recv(&a, next, &mut b, prev),
                     other => fail(format!("unknown kind {other}")),
                 };

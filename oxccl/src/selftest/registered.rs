@@ -1,0 +1,159 @@
+//! The matrix on registered buffers (`alloc_shared`): every collective the
+//! `direct` algorithm runs, every dtype and op, in and out of place, each
+//! element exact, and the algorithm that ran checked: `direct` when the
+//! buffers are reachable by every peer (shared memory mapped, RDMA read
+//! one-sided), the message algorithms otherwise.
+
+use super::{data, err, expected, value, TestElem};
+use crate::{bf16, f16, Communicator, ReduceOp};
+
+/// Check everything above on `comm`; `want_direct` says whether its
+/// transport reaches peers' registered memory (the buffers must agree).
+pub fn run_registered(comm: &Communicator, want_direct: bool, big: usize) -> Result<(), String> {
+    let n = comm.nranks();
+    let counts = [0, 1, 7, n - 1, n + 1, big];
+    all_reduce::<i8>(comm, want_direct, &counts)?;
+    all_reduce::<u8>(comm, want_direct, &counts)?;
+    all_reduce::<i32>(comm, want_direct, &counts)?;
+    all_reduce::<u32>(comm, want_direct, &counts)?;
+    all_reduce::<i64>(comm, want_direct, &counts)?;
+    all_reduce::<u64>(comm, want_direct, &counts)?;
+    all_reduce::<f16>(comm, want_direct, &counts)?;
+    all_reduce::<bf16>(comm, want_direct, &counts)?;
+    all_reduce::<f32>(comm, want_direct, &counts)?;
+    all_reduce::<f64>(comm, want_direct, &counts)?;
+    let small = [0, 1, 7, big / 4 + 1];
+    others::<i8>(comm, want_direct, &small)?;
+    others::<u32>(comm, want_direct, &small)?;
+    others::<bf16>(comm, want_direct, &small)?;
+    others::<f16>(comm, want_direct, &small)?;
+    others::<f32>(comm, want_direct, &small)?;
+    others::<i64>(comm, want_direct, &small)?;
+    comm.barrier().map_err(err)
+}
+
+fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+/// The buffer is shared as expected and the call ran `direct` (or, when
+/// not shared, one of the message algorithms).
+fn ran_as_expected(
+    c: &Communicator,
+    shared: bool,
+    want_direct: bool,
+    what: &str,
+) -> Result<(), String> {
+    expect(shared == want_direct, || {
+        format!("{what}: registered buffer reachable by peers: {shared}, expected {want_direct}")
+    })?;
+    let alg = c.last_algorithm();
+    expect((alg == Some("direct")) == want_direct, || {
+        format!("{what}: ran {alg:?}")
+    })
+}
+
+fn all_reduce<T: TestElem>(c: &Communicator, want_direct: bool, counts: &[usize]) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.nranks());
+    for &count in counts {
+        for op in ReduceOp::ALL {
+            let what = format!("rank {r}: {} all_reduce {op} count {count}", T::DTYPE);
+            let input: Vec<T> = data(op, r, 0, count);
+            let mut buf = c.alloc_shared::<T>(count).map_err(err)?;
+            buf.copy_from_slice(&input);
+            c.all_reduce_in_place(&mut buf, op).map_err(err)?;
+            ran_as_expected(c, buf.is_zero_copy(), want_direct, &what)?;
+            if let Some(i) = (0..count).find(|&i| !T::same(buf[i], expected(op, n, i))) {
+                return Err(format!("{what}, in place: element {i} wrong"));
+            }
+            let mut send = c.alloc_shared::<T>(count).map_err(err)?;
+            send.copy_from_slice(&input);
+            let mut recv = c.alloc_shared::<T>(count).map_err(err)?;
+            c.all_reduce(&send, &mut recv, op).map_err(err)?;
+            ran_as_expected(c, recv.is_zero_copy(), want_direct, &what)?;
+            if let Some(i) = (0..count).find(|&i| !T::same(recv[i], expected(op, n, i))) {
+                return Err(format!("{what}, out of place: element {i} wrong"));
+            }
+            expect(send[..] == input[..], || {
+                format!("{what}: the send buffer changed")
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn others<T: TestElem>(c: &Communicator, want_direct: bool, counts: &[usize]) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.nranks());
+    for &count in counts {
+        let what = |k: &str| format!("rank {r}: {} {k} count {count}", T::DTYPE);
+        for root in [0, n - 1] {
+            let w = what(&format!("broadcast root {root}"));
+            let mut b = c.alloc_shared::<T>(count).map_err(err)?;
+            b.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
+            c.broadcast_in_place(&mut b, root).map_err(err)?;
+            ran_as_expected(c, b.is_zero_copy(), want_direct, &w)?;
+            let want = |i: usize| T::from_i(value(ReduceOp::Sum, root, i));
+            if let Some(i) = (0..count).find(|&i| !T::same(b[i], want(i))) {
+                return Err(format!("{w}: element {i} wrong"));
+            }
+            // Out of place: the root's input lands in every output.
+            let mut src = c.alloc_shared::<T>(count).map_err(err)?;
+            src.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
+            let mut out = c.alloc_shared::<T>(count).map_err(err)?;
+            c.broadcast(&src, &mut out, root).map_err(err)?;
+            ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
+            if let Some(i) = (0..count).find(|&i| !T::same(out[i], want(i))) {
+                return Err(format!("{w}, out of place: element {i} wrong"));
+            }
+        }
+        // all_gather, in place: this rank's part at rank * count.
+        let w = what("all_gather");
+        let mine = data::<T>(ReduceOp::Sum, r, 0, count);
+        let mut b = c.alloc_shared::<T>(n * count).map_err(err)?;
+        b[r * count..(r + 1) * count].copy_from_slice(&mine);
+        c.all_gather_in_place(&mut b).map_err(err)?;
+        ran_as_expected(c, b.is_zero_copy(), want_direct, &w)?;
+        let want = |i: usize| T::from_i(value(ReduceOp::Sum, i / count, i % count));
+        if let Some(i) = (0..n * count).find(|&i| !T::same(b[i], want(i))) {
+            return Err(format!("{w}, in place: element {i} wrong"));
+        }
+        let mut src = c.alloc_shared::<T>(count).map_err(err)?;
+        src.copy_from_slice(&mine);
+        let mut out = c.alloc_shared::<T>(n * count).map_err(err)?;
+        c.all_gather(&src, &mut out).map_err(err)?;
+        ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
+        if let Some(i) = (0..n * count).find(|&i| !T::same(out[i], want(i))) {
+            return Err(format!("{w}, out of place: element {i} wrong"));
+        }
+        // reduce_scatter for every op, in and out of place.
+        for op in ReduceOp::ALL {
+            let w = what(&format!("reduce_scatter {op}"));
+            let full: Vec<T> = data(op, r, 0, n * count);
+            let mut b = c.alloc_shared::<T>(n * count).map_err(err)?;
+            b.copy_from_slice(&full);
+            c.reduce_scatter_in_place(&mut b, op).map_err(err)?;
+            ran_as_expected(c, b.is_zero_copy(), want_direct, &w)?;
+            for i in 0..n * count {
+                let want = if i / count.max(1) == r && count > 0 {
+                    expected(op, n, i)
+                } else {
+                    full[i]
+                };
+                expect(T::same(b[i], want), || format!("{w}, in place: element {i} wrong"))?;
+            }
+            let mut src = c.alloc_shared::<T>(n * count).map_err(err)?;
+            src.copy_from_slice(&full);
+            let mut out = c.alloc_shared::<T>(count).map_err(err)?;
+            c.reduce_scatter(&src, &mut out, op).map_err(err)?;
+            ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
+            if let Some(i) = (0..count).find(|&i| !T::same(out[i], expected(op, n, r * count + i))) {
+                return Err(format!("{w}, out of place: element {i} wrong"));
+            }
+        }
+    }
+    Ok(())
+}
