@@ -109,6 +109,12 @@ for n in 2 3; do
     fail "direct access over rdma, $n ranks"; show /tmp/d$n.txt 20
   fi
 done
+OXCCL_TRANSPORT=rdma oxrun -n 3 oxccl-selftest registered-mismatch >/tmp/dm.txt 2>&1
+if [ $? = 0 ] && [ "$(grep -c 'MISMATCH' /tmp/dm.txt)" = 3 ]; then
+  pass "direct access over rdma: another registered buffer on one rank is a Mismatch on all 3"; grep MISMATCH /tmp/dm.txt | head -2 | cut -c1-200 | sed 's/^/    | /'
+else
+  fail "registered-buffer mismatch over rdma"; show /tmp/dm.txt 12
+fi
 # Two pretend hosts, automatic transport choice: RDMA serves every peer, so
 # registered buffers are reached one-sided as well.
 oxrun -n 2 --no-prefix sh -c 'OXCCL_HOSTID=h$OXCCL_RANK exec oxccl-selftest registered 256K direct' >/tmp/dh.txt 2>&1 \

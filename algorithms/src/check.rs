@@ -222,10 +222,8 @@ pub fn simulate(
     let entry: Vec<Clock> = (0..n)
         .map(|r| (0..n).map(|k| u64::from(k == r)).collect())
         .collect();
-    let mut clocks: Vec<Vec<Option<Clock>>> = scheds
-        .iter()
-        .map(|sc| vec![None; sc.steps.len()])
-        .collect();
+    let mut clocks: Vec<Vec<Option<Clock>>> =
+        scheds.iter().map(|sc| vec![None; sc.steps.len()]).collect();
     // (rank, Sync number) -> the rank's clock when it arrived there.
     let mut sync_arrival: HashMap<(usize, usize), Clock> = HashMap::new();
     let mut msgs: HashMap<(usize, usize, usize), Message> = HashMap::new();

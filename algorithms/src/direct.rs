@@ -183,10 +183,22 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
             Action::Sync => {
                 let before: Vec<u32> = since.drain(..).chain(fence.drain(..)).collect();
                 for k in (0..n).filter(|k| *k != rank) {
-                    fence.push(out.push(Action::Send { peer: k, src: token }, &before));
+                    fence.push(out.push(
+                        Action::Send {
+                            peer: k,
+                            src: token,
+                        },
+                        &before,
+                    ));
                 }
                 for k in (0..n).filter(|k| *k != rank) {
-                    fence.push(out.push(Action::Recv { peer: k, dst: token }, &[]));
+                    fence.push(out.push(
+                        Action::Recv {
+                            peer: k,
+                            dst: token,
+                        },
+                        &[],
+                    ));
                 }
                 None
             }

@@ -113,12 +113,14 @@ fn run_coll(
         elem_size: c.dtype.size(),
         direct,
     };
-    let (index, sched) = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
-    inner
-        .last_algorithm
-        .store(index.wrapping_add(1), std::sync::atomic::Ordering::Relaxed);
+    let plan = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
+    inner.last_algorithm.store(
+        plan.index.wrapping_add(1),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let input = send.unwrap_or(recv);
-    inner.execute(st, c.fingerprint(), &sched, &[input, recv], None)
+    let bufs = [input, recv];
+    inner.execute(st, c.fingerprint(), &plan.sched, &bufs, None, plan.direct)
 }
 
 impl Communicator {
@@ -524,7 +526,7 @@ impl Communicator {
             let sched = algorithms::p2p(&steps, inner.chunk_elems(dtype));
             let per_step = inner.p2p_numbers(st, &steps, &sched, dtype);
             let fp = Fingerprint::new(Kind::P2p, dtype, 0);
-            inner.execute(st, fp, &sched, &regions, Some(per_step))
+            inner.execute(st, fp, &sched, &regions, Some(per_step), false)
         })
     }
 
@@ -697,6 +699,7 @@ impl Communicator {
                 &sched,
                 &[Region::EMPTY, Region::EMPTY, r],
                 Some(per_step),
+                false,
             )?;
             Ok(buf)
         })

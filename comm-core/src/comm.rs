@@ -86,7 +86,7 @@ pub(crate) struct State {
     /// When the control connection was last read between calls.
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
-    schedules: Vec<(CollSpec, usize, Arc<Schedule>)>,
+    schedules: Vec<(CollSpec, Planned)>,
     /// Point-to-point operations issued per peer, per direction.
     p2p_sent: Vec<u64>,
     p2p_recvd: Vec<u64>,
@@ -95,18 +95,27 @@ pub(crate) struct State {
 /// Schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 16;
 
+/// A call's plan: the algorithm (its position in `algorithms::REGISTRY`),
+/// its schedule, and whether it reaches peers' memory directly (then every
+/// rank's registered buffers must agree, and are checked).
+#[derive(Clone)]
+pub(crate) struct Planned {
+    pub index: usize,
+    pub sched: Arc<Schedule>,
+    pub direct: bool,
+}
+
 impl State {
-    /// The schedule of the algorithm chosen for `spec` (`forced` by name, or
-    /// by the registry's rules), from the cache when the same call shape ran
-    /// recently (the latency of small calls), with the algorithm's position
-    /// in `algorithms::REGISTRY`.
+    /// The plan of the algorithm chosen for `spec` (`forced` by name, or by
+    /// the registry's rules), from the cache when the same call shape ran
+    /// recently (the latency of small calls).
     pub(crate) fn schedule(
         &mut self,
         spec: &CollSpec,
         forced: Option<&str>,
         tuning: &Tuning,
-    ) -> Result<(usize, Arc<Schedule>)> {
-        if let Some(i) = self.schedules.iter().position(|(k, _, _)| k == spec) {
+    ) -> Result<Planned> {
+        if let Some(i) = self.schedules.iter().position(|(k, _)| k == spec) {
             let hit = self.schedules.remove(i);
             self.schedules.push(hit);
         } else {
@@ -119,11 +128,20 @@ impl State {
                 .iter()
                 .position(|a| a.name() == alg.name())
                 .unwrap_or(usize::MAX);
-            self.schedules
-                .push((*spec, index, Arc::new(alg.build(spec))));
+            // Direct: the algorithm runs this spec only because it is direct.
+            let direct = spec.direct.is_some()
+                && !alg.supports(&CollSpec {
+                    direct: None,
+                    ..*spec
+                });
+            let planned = Planned {
+                index,
+                sched: Arc::new(alg.build(spec)),
+                direct,
+            };
+            self.schedules.push((*spec, planned));
         }
-        let (_, index, sched) = self.schedules.last().unwrap();
-        Ok((*index, sched.clone()))
+        Ok(self.schedules.last().unwrap().1.clone())
     }
 }
 
@@ -542,6 +560,7 @@ impl Inner {
         sched: &Schedule,
         bufs: &[Region],
         per_step: Option<Vec<(u64, Fingerprint)>>,
+        direct: bool,
     ) -> Result<()> {
         let seq = if fp.kind == Kind::P2p {
             0
@@ -569,18 +588,17 @@ impl Inner {
             }
         }
         // Direct steps need the peers' memory of the call's registered
-        // buffers, and mapped access the flag pages.
-        let (mut syncs, mut direct_steps) = (0u32, false);
-        for s in &sched.steps {
-            syncs += u32::from(s.action == Action::Sync);
-            direct_steps |= matches!(
-                s.action,
-                Action::Sync | Action::CopyFrom { .. } | Action::ReduceFrom { .. }
-            );
-        }
+        // buffers, and mapped access the flag pages. (Every rank of a
+        // direct call knows its buffers, even one with no direct step, such
+        // as a broadcast's root: headers and phases check them.)
+        let syncs = sched
+            .steps
+            .iter()
+            .filter(|s| s.action == Action::Sync)
+            .count() as u32;
         let base = st.sync_phase;
         st.sync_phase = st.sync_phase.wrapping_add(syncs);
-        let direct = if direct_steps {
+        let direct = if direct {
             let find = |r: Option<&Region>| r.and_then(|r| st.registered(self.comm_id, r));
             let maps = [find(bufs.first()), find(bufs.get(1))];
             Some(DirectCtx {

@@ -378,9 +378,13 @@ mod registered {
 
     #[test]
     fn registered_buffers_across_hosts_fall_back_and_stay_correct() {
-        with_rank_configs(4, |r| host_config(r % 2), |c| {
-            run_registered(&c, false, 200_003).unwrap();
-        });
+        with_rank_configs(
+            4,
+            |r| host_config(r % 2),
+            |c| {
+                run_registered(&c, false, 200_003).unwrap();
+            },
+        );
     }
 
     #[test]

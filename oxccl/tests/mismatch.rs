@@ -141,6 +141,21 @@ fn mismatch_matrix_registered() {
         let mut b = c.alloc_shared::<f32>(len)?;
         c.all_reduce_in_place(&mut b, op)
     }
+    // Registered buffers are addressed by id on every rank: passing
+    // another one (of the same size) is a disagreement too.
+    fn two(c: &Communicator, first: bool) -> Result<()> {
+        let mut a = c.alloc_shared::<f32>(16)?;
+        let mut b = c.alloc_shared::<f32>(16)?;
+        c.all_reduce_in_place(if first { &mut a } else { &mut b }, ReduceOp::Sum)
+    }
+    case(
+        test_config(),
+        "registered buffers",
+        "on registered buffers 1/1",
+        "on registered buffers 2/2",
+        |c| two(c, true),
+        |c| two(c, false),
+    );
     case(
         test_config(),
         "registered op",

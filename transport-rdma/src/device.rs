@@ -179,9 +179,10 @@ mod with_verbs {
                         timeout,
                         retry_cnt,
                         traffic_class,
-                        reads_in_flight: ctx.reads_in_flight().map_err(|e| {
-                            Error::System(format!("RDMA device {name}: {e}"))
-                        })?.min(16),
+                        reads_in_flight: ctx
+                            .reads_in_flight()
+                            .map_err(|e| Error::System(format!("RDMA device {name}: {e}")))?
+                            .min(16),
                     },
                     lid: attr.lid,
                     gid,

@@ -62,10 +62,14 @@ pub const READ_DEPTH: usize = 8;
 /// A posted send, in posting order (RC completes sends in that order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sent {
-    Data { zero_copy: bool },
+    Data {
+        zero_copy: bool,
+    },
     Credit,
     /// A chunk of a one-sided read; the last chunk carries its ticket.
-    Read { last_of: Option<u64> },
+    Read {
+        last_of: Option<u64>,
+    },
 }
 
 /// A one-sided read not yet fully posted.
@@ -588,7 +592,10 @@ impl OneSided for RdmaLink {
         };
         if !self.used_reads {
             self.used_reads = true;
-            tracing::debug!("oxccl rdma: first one-sided read of rank {}'s memory", self.peer);
+            tracing::debug!(
+                "oxccl rdma: first one-sided read of rank {}'s memory",
+                self.peer
+            );
         }
         let ticket = self.next_ticket;
         self.next_ticket += 1;
@@ -613,7 +620,10 @@ impl OneSided for RdmaLink {
             // Its memory went with its process: these reads cannot finish.
             return Err(io::Error::new(
                 ErrorKind::ConnectionReset,
-                format!("rank {} hung up with reads of its memory pending", self.peer),
+                format!(
+                    "rank {} hung up with reads of its memory pending",
+                    self.peer
+                ),
             ));
         }
         Ok(self.reads_done)

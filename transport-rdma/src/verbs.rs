@@ -221,7 +221,7 @@ impl Mr {
         let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
         if remote_read {
-            access = access | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ;
         }
         let mr = ffi::ibv_reg_mr(pd.pd, addr as *mut _, len, access.0 as i32);
         if mr.is_null() {

@@ -3,8 +3,8 @@
 //! `/proc/<pid>/fd/<fd>` (same user; nothing is ever named in `/dev/shm`).
 //! The handle is (pid, fd, length): 16 bytes, decoded totally.
 
-use comm_core::mem::MemfdMemory;
 use comm_core::algorithms::Access;
+use comm_core::mem::MemfdMemory;
 use comm_core::transport::{DirectAccess, Mapped, PeerMemory};
 use comm_core::{Error, Result};
 

@@ -122,11 +122,13 @@ impl DirectCtx<'_> {
                 addr: p.region().addr + off,
                 len: mine.len,
             })),
-            Some(PeerMemory::Remote(r)) => r.sub(off, mine.len).map(PeerSpan::Remote).ok_or_else(|| {
-                Error::Protocol(format!(
-                    "a direct step reads past rank {peer}'s registered buffer (internal error)"
-                ))
-            }),
+            Some(PeerMemory::Remote(r)) => {
+                r.sub(off, mine.len).map(PeerSpan::Remote).ok_or_else(|| {
+                    Error::Protocol(format!(
+                        "a direct step reads past rank {peer}'s registered buffer (internal error)"
+                    ))
+                })
+            }
             None => Ok(PeerSpan::Mapped(mine)),
         }
     }

@@ -27,8 +27,8 @@ mod header;
 
 pub(crate) use call::CallCtx;
 
-pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
 use direct::PeerSpan;
+pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
 pub(crate) use failure::{describe_call, notice_for, notice_to_error, stall_error, CallName};
 pub use header::{WireHeader, HEADER_LEN};
 
@@ -439,7 +439,9 @@ fn execute_with(
                             // failed call closes the link, ending the read.
                             let ticket = match unsafe { os.read(to, from) } {
                                 Ok(t) => t,
-                                Err(e) => return Err(cx.link_failed(peer, "reading its memory", e)),
+                                Err(e) => {
+                                    return Err(cx.link_failed(peer, "reading its memory", e))
+                                }
                             };
                             started[iu] = true;
                             remote.push((i, peer, ticket));
@@ -745,7 +747,10 @@ fn wait(
         }
     }
     for k in (0..waits.remote.len()).filter(|k| reading(*k)) {
-        became_ready |= links[waits.remote[k].1].as_mut().unwrap().arm(0, true, false);
+        became_ready |= links[waits.remote[k].1]
+            .as_mut()
+            .unwrap()
+            .arm(0, true, false);
     }
     if became_ready {
         return Ok(());

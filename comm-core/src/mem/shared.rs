@@ -1,25 +1,27 @@
-//! Registered memory: [`SharedBuffer`]s, which every rank of a one-host
-//! communicator maps (so the `direct` algorithms read peers' buffers where
-//! they lie), and [`MemoryRegistration`]s of user memory with transports
-//! that send straight from memory (RDMA).
+//! Registered memory: [`SharedBuffer`]s, which every rank reaches directly
+//! (mapped on one host, read one-sided over RDMA, so the `direct`
+//! algorithm reads peers' buffers where they lie), and
+//! [`MemoryRegistration`]s of user memory with transports that send
+//! straight from memory (RDMA).
 //!
 //! [`Communicator::alloc_shared`] is collective. Each rank exports fresh
 //! memory through the direct access of the transport serving its peers
-//! (shared memory: an anonymous memfd), ranks all_gather (length, whether
-//! they can share, handle), and when every rank can, each imports every
-//! peer's allocation. The first such allocation also shares one flag page
-//! per rank for the `Sync` phases. A `SharedBuffer` is then just a buffer:
-//! passed to any collective, the planner sees its space
+//! (shared memory: an anonymous memfd; RDMA: memory registered for remote
+//! reads), ranks all_gather (length, whether they can share, handle), and
+//! when every rank can, each imports every peer's allocation. With mapped
+//! access the first such allocation also shares one flag page per rank for
+//! the `Sync` phases. A `SharedBuffer` is then just a buffer: passed to any
+//! collective, the planner sees its space
 //! ([`MemorySpace::HostRegistered`]) and picks the `direct` algorithm when
-//! every buffer of the call is shared; otherwise (several hosts, a
-//! transport without direct access) it is ordinary memory, registered with
-//! RDMA for zero-copy sends.
+//! every buffer of the call is shared; otherwise (transports mixed, a
+//! transport without direct access, memory that could not be exported) it
+//! is ordinary memory, registered with RDMA for zero-copy sends.
 
 use super::{Buffer, MemorySpace, Region};
+use crate::algorithms::Access;
 use crate::comm::Communicator;
 use crate::error::{Error, Result};
 use crate::exec::{SyncFlags, FLAG_PAGE};
-use crate::algorithms::Access;
 use crate::transport::{DirectAccess, Mapped, PeerMemory, Registration};
 use crate::types::Element;
 use std::marker::PhantomData;
@@ -197,7 +199,9 @@ impl Communicator {
         let (own, handle, can_share) = match direct.as_ref().map(|d| d.export(bytes)) {
             Some(Ok((m, h))) => (m, h, true),
             Some(Err(e)) => {
-                tracing::warn!("oxccl: alloc_shared: {e}; collectives on this buffer exchange messages");
+                tracing::warn!(
+                    "oxccl: alloc_shared: {e}; collectives on this buffer exchange messages"
+                );
                 (local_memory(bytes)?, Vec::new(), false)
             }
             None => (local_memory(bytes)?, Vec::new(), false),

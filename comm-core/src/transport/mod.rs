@@ -14,11 +14,11 @@
 pub mod door;
 pub mod net;
 
+use crate::algorithms::Access;
 use crate::config::Config;
 use crate::error::Result;
 use crate::handshake::Secret;
 use crate::mem::{MemorySpace, Region};
-use crate::algorithms::Access;
 use std::io::{IoSlice, IoSliceMut};
 use std::net::IpAddr;
 use std::os::fd::RawFd;

@@ -119,6 +119,26 @@ fn main() {
                 );
             }
         }
+        "registered-mismatch" => {
+            // Rank 1 passes another registered buffer than the others:
+            // every rank must report a mismatch naming both.
+            let mut a = comm
+                .alloc_shared::<f32>(1 << 10)
+                .unwrap_or_else(|e| fail(e));
+            let mut b = comm
+                .alloc_shared::<f32>(1 << 10)
+                .unwrap_or_else(|e| fail(e));
+            let buf = if rank == 1 { &mut b } else { &mut a };
+            match comm.all_reduce_in_place(buf, ReduceOp::Sum) {
+                Err(e @ oxccl::Error::Mismatch { .. })
+                    if e.to_string().contains("registered buffers") =>
+                {
+                    println!("MISMATCH {rank}: {e}")
+                }
+                Err(e) => fail(format!("expected a mismatch naming the buffers, got {e}")),
+                Ok(()) => fail("different registered buffers were not noticed"),
+            }
+        }
         "registered-memory" => {
             // Plain Vecs registered with `register_memory` (zero-copy sends
             // where a transport supports it), all_reduce checked exactly.

@@ -57,7 +57,11 @@ fn ran_as_expected(
     })
 }
 
-fn all_reduce<T: TestElem>(c: &Communicator, want_direct: bool, counts: &[usize]) -> Result<(), String> {
+fn all_reduce<T: TestElem>(
+    c: &Communicator,
+    want_direct: bool,
+    counts: &[usize],
+) -> Result<(), String> {
     let (r, n) = (c.rank(), c.nranks());
     for &count in counts {
         for op in ReduceOp::ALL {
@@ -86,7 +90,11 @@ fn all_reduce<T: TestElem>(c: &Communicator, want_direct: bool, counts: &[usize]
     Ok(())
 }
 
-fn others<T: TestElem>(c: &Communicator, want_direct: bool, counts: &[usize]) -> Result<(), String> {
+fn others<T: TestElem>(
+    c: &Communicator,
+    want_direct: bool,
+    counts: &[usize],
+) -> Result<(), String> {
     let (r, n) = (c.rank(), c.nranks());
     for &count in counts {
         let what = |k: &str| format!("rank {r}: {} {k} count {count}", T::DTYPE);
@@ -143,14 +151,17 @@ fn others<T: TestElem>(c: &Communicator, want_direct: bool, counts: &[usize]) ->
                 } else {
                     full[i]
                 };
-                expect(T::same(b[i], want), || format!("{w}, in place: element {i} wrong"))?;
+                expect(T::same(b[i], want), || {
+                    format!("{w}, in place: element {i} wrong")
+                })?;
             }
             let mut src = c.alloc_shared::<T>(n * count).map_err(err)?;
             src.copy_from_slice(&full);
             let mut out = c.alloc_shared::<T>(count).map_err(err)?;
             c.reduce_scatter(&src, &mut out, op).map_err(err)?;
             ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
-            if let Some(i) = (0..count).find(|&i| !T::same(out[i], expected(op, n, r * count + i))) {
+            if let Some(i) = (0..count).find(|&i| !T::same(out[i], expected(op, n, r * count + i)))
+            {
                 return Err(format!("{w}, out of place: element {i} wrong"));
             }
         }
