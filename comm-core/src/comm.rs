@@ -570,23 +570,6 @@ impl Inner {
         };
         let during = executor::CallName { fp, seq };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
-        // A failure elsewhere that was announced while this rank was between
-        // calls fails this call before it sends anything. (Checked at most
-        // once a millisecond: back-to-back calls would otherwise pay a system
-        // call each, and a failure still surfaces in any wait.)
-        if st.control_checked.elapsed() > Duration::from_millis(1) {
-            st.control_checked = Instant::now();
-            if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
-                let own = executor::describe_call(&fp, seq);
-                return Err(executor::notice_to_error(
-                    n,
-                    self.rank,
-                    &self.peers,
-                    &during.to_string(),
-                    &own,
-                ));
-            }
-        }
         // Direct steps need the peers' memory of the call's registered
         // buffers, and mapped access the flag pages. (Every rank of a
         // direct call knows its buffers, even one with no direct step, such
@@ -609,6 +592,24 @@ impl Inner {
         } else {
             None
         };
+        // A failure elsewhere that was announced while this rank was between
+        // calls fails this call before it sends anything. (Checked at most
+        // once a millisecond: back-to-back calls would otherwise pay a system
+        // call each, and a failure still surfaces in any wait.)
+        if st.control_checked.elapsed() > Duration::from_millis(1) {
+            st.control_checked = Instant::now();
+            if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
+                // Described as the peers know this call (with its buffers).
+                let own = executor::describe_own(&fp, seq, direct.as_ref());
+                return Err(executor::notice_to_error(
+                    n,
+                    self.rank,
+                    &self.peers,
+                    &during.to_string(),
+                    &own,
+                ));
+            }
+        }
         let mut cx = CallCtx {
             rank: self.rank,
             nranks: self.nranks,

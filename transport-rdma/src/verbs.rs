@@ -551,23 +551,9 @@ impl Qp {
         rkey: u32,
         imm: u32,
     ) -> io::Result<()> {
-        let mut sge = ffi::ibv_sge {
-            addr: local.addr,
-            length: local.len,
-            lkey: local.lkey,
-        };
-        let mut wr = ffi::ibv_send_wr {
-            wr_id,
-            sg_list: &mut sge,
-            num_sge: 1,
-            opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
-            send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
-            ..Default::default()
-        };
-        wr.__bindgen_anon_1.imm_data = imm.to_be();
-        wr.wr.rdma.remote_addr = remote;
-        wr.wr.rdma.rkey = rkey;
-        self.post_send(&mut wr, "ibv_post_send(RDMA_WRITE_WITH_IMM)")
+        let op = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+        let what = "ibv_post_send(RDMA_WRITE_WITH_IMM)";
+        self.post_rdma(wr_id, op, local, (remote, rkey), Some(imm), what)
     }
 
     /// Post a signaled RDMA READ of `local.len` bytes at `remote` (key
@@ -583,6 +569,28 @@ impl Qp {
         remote: u64,
         rkey: u32,
     ) -> io::Result<()> {
+        let op = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+        self.post_rdma(
+            wr_id,
+            op,
+            local,
+            (remote, rkey),
+            None,
+            "ibv_post_send(RDMA_READ)",
+        )
+    }
+
+    /// One signaled RDMA operation between `local` and the peer's
+    /// `(address, rkey)`; the callers' safety contracts apply.
+    unsafe fn post_rdma(
+        &mut self,
+        wr_id: u64,
+        opcode: ffi::ibv_wr_opcode::Type,
+        local: Local,
+        (remote, rkey): (u64, u32),
+        imm: Option<u32>,
+        what: &'static str,
+    ) -> io::Result<()> {
         let mut sge = ffi::ibv_sge {
             addr: local.addr,
             length: local.len,
@@ -592,13 +600,16 @@ impl Qp {
             wr_id,
             sg_list: &mut sge,
             num_sge: 1,
-            opcode: ffi::ibv_wr_opcode::IBV_WR_RDMA_READ,
+            opcode,
             send_flags: ffi::ibv_send_flags::IBV_SEND_SIGNALED.0,
             ..Default::default()
         };
+        if let Some(imm) = imm {
+            wr.__bindgen_anon_1.imm_data = imm.to_be();
+        }
         wr.wr.rdma.remote_addr = remote;
         wr.wr.rdma.rkey = rkey;
-        self.post_send(&mut wr, "ibv_post_send(RDMA_READ)")
+        self.post_send(&mut wr, what)
     }
 
     /// Post a signaled zero-length SEND WITH IMMEDIATE (a credit message).

@@ -4,7 +4,7 @@
 //! headers built and checked against the call).
 
 use super::direct::DirectCtx;
-use super::failure::{describe_call, notice_to_error, CallName};
+use super::failure::{notice_to_error, CallName};
 use super::header::{WireHeader, HEADER_LEN, MAGIC};
 use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
 use crate::call::Fingerprint;
@@ -54,10 +54,7 @@ impl CallCtx<'_> {
     /// it publishes it (with the registered buffers of a direct call), so a
     /// relayed report is matched to the right side.
     pub(super) fn own(&self) -> String {
-        match &self.direct {
-            Some(dx) => super::direct::describe(&self.fp, self.seq, dx.ids()),
-            None => describe_call(&self.fp, self.seq),
-        }
+        super::direct::describe_own(&self.fp, self.seq, self.direct.as_ref())
     }
 
     /// The ids of the call's registered buffers, as headers carry them.
@@ -191,9 +188,9 @@ impl CallCtx<'_> {
         if seq != my_seq || !fp.agrees_with(&my_fp) {
             return Err(Error::Mismatch {
                 // Described only now: headers are checked per message.
-                local: describe_call(&my_fp, my_seq),
+                local: super::direct::describe_own(&my_fp, my_seq, self.direct.as_ref()),
                 peer,
-                remote: describe_call(&fp, seq),
+                remote: super::direct::describe(&fp, seq, bufs),
             });
         }
         if bufs != self.buf_ids() {

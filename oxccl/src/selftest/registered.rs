@@ -4,7 +4,7 @@
 //! buffers are reachable by every peer (shared memory mapped, RDMA read
 //! one-sided), the message algorithms otherwise.
 
-use super::{data, err, expected, value, TestElem};
+use super::{data, err, expected, first_diff, value, TestElem};
 use crate::{bf16, f16, Communicator, ReduceOp};
 
 /// Check everything above on `comm`; `want_direct` says whether its
@@ -30,6 +30,15 @@ pub fn run_registered(comm: &Communicator, want_direct: bool, big: usize) -> Res
     others::<f32>(comm, want_direct, &small)?;
     others::<i64>(comm, want_direct, &small)?;
     comm.barrier().map_err(err)
+}
+
+/// Every element of `got` as `want` says, or an error naming the first
+/// that is not.
+fn exact<T: TestElem>(got: &[T], want: impl Fn(usize) -> T, what: &str) -> Result<(), String> {
+    match first_diff(got, want) {
+        Some(d) => Err(format!("{what}: {d}")),
+        None => Ok(()),
+    }
 }
 
 fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
@@ -71,17 +80,17 @@ fn all_reduce<T: TestElem>(
             buf.copy_from_slice(&input);
             c.all_reduce_in_place(&mut buf, op).map_err(err)?;
             ran_as_expected(c, buf.is_zero_copy(), want_direct, &what)?;
-            if let Some(i) = (0..count).find(|&i| !T::same(buf[i], expected(op, n, i))) {
-                return Err(format!("{what}, in place: element {i} wrong"));
-            }
+            exact(&buf, |i| expected(op, n, i), &format!("{what}, in place"))?;
             let mut send = c.alloc_shared::<T>(count).map_err(err)?;
             send.copy_from_slice(&input);
             let mut recv = c.alloc_shared::<T>(count).map_err(err)?;
             c.all_reduce(&send, &mut recv, op).map_err(err)?;
             ran_as_expected(c, recv.is_zero_copy(), want_direct, &what)?;
-            if let Some(i) = (0..count).find(|&i| !T::same(recv[i], expected(op, n, i))) {
-                return Err(format!("{what}, out of place: element {i} wrong"));
-            }
+            exact(
+                &recv,
+                |i| expected(op, n, i),
+                &format!("{what}, out of place"),
+            )?;
             expect(send[..] == input[..], || {
                 format!("{what}: the send buffer changed")
             })?;
@@ -105,18 +114,14 @@ fn others<T: TestElem>(
             c.broadcast_in_place(&mut b, root).map_err(err)?;
             ran_as_expected(c, b.is_zero_copy(), want_direct, &w)?;
             let want = |i: usize| T::from_i(value(ReduceOp::Sum, root, i));
-            if let Some(i) = (0..count).find(|&i| !T::same(b[i], want(i))) {
-                return Err(format!("{w}: element {i} wrong"));
-            }
+            exact(&b, want, &w)?;
             // Out of place: the root's input lands in every output.
             let mut src = c.alloc_shared::<T>(count).map_err(err)?;
             src.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
             let mut out = c.alloc_shared::<T>(count).map_err(err)?;
             c.broadcast(&src, &mut out, root).map_err(err)?;
             ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
-            if let Some(i) = (0..count).find(|&i| !T::same(out[i], want(i))) {
-                return Err(format!("{w}, out of place: element {i} wrong"));
-            }
+            exact(&out, want, &format!("{w}, out of place"))?;
         }
         // all_gather, in place: this rank's part at rank * count.
         let w = what("all_gather");
@@ -126,17 +131,13 @@ fn others<T: TestElem>(
         c.all_gather_in_place(&mut b).map_err(err)?;
         ran_as_expected(c, b.is_zero_copy(), want_direct, &w)?;
         let want = |i: usize| T::from_i(value(ReduceOp::Sum, i / count, i % count));
-        if let Some(i) = (0..n * count).find(|&i| !T::same(b[i], want(i))) {
-            return Err(format!("{w}, in place: element {i} wrong"));
-        }
+        exact(&b, want, &format!("{w}, in place"))?;
         let mut src = c.alloc_shared::<T>(count).map_err(err)?;
         src.copy_from_slice(&mine);
         let mut out = c.alloc_shared::<T>(n * count).map_err(err)?;
         c.all_gather(&src, &mut out).map_err(err)?;
         ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
-        if let Some(i) = (0..n * count).find(|&i| !T::same(out[i], want(i))) {
-            return Err(format!("{w}, out of place: element {i} wrong"));
-        }
+        exact(&out, want, &format!("{w}, out of place"))?;
         // reduce_scatter for every op, in and out of place.
         for op in ReduceOp::ALL {
             let w = what(&format!("reduce_scatter {op}"));
@@ -145,25 +146,22 @@ fn others<T: TestElem>(
             b.copy_from_slice(&full);
             c.reduce_scatter_in_place(&mut b, op).map_err(err)?;
             ran_as_expected(c, b.is_zero_copy(), want_direct, &w)?;
-            for i in 0..n * count {
-                let want = if i / count.max(1) == r && count > 0 {
+            // Outside its segment the buffer is left as it was.
+            let want = |i: usize| {
+                if i / count.max(1) == r && count > 0 {
                     expected(op, n, i)
                 } else {
                     full[i]
-                };
-                expect(T::same(b[i], want), || {
-                    format!("{w}, in place: element {i} wrong")
-                })?;
-            }
+                }
+            };
+            exact(&b, want, &format!("{w}, in place"))?;
             let mut src = c.alloc_shared::<T>(n * count).map_err(err)?;
             src.copy_from_slice(&full);
             let mut out = c.alloc_shared::<T>(count).map_err(err)?;
             c.reduce_scatter(&src, &mut out, op).map_err(err)?;
             ran_as_expected(c, out.is_zero_copy(), want_direct, &w)?;
-            if let Some(i) = (0..count).find(|&i| !T::same(out[i], expected(op, n, r * count + i)))
-            {
-                return Err(format!("{w}, out of place: element {i} wrong"));
-            }
+            let want = |i: usize| expected(op, n, r * count + i);
+            exact(&out, want, &format!("{w}, out of place"))?;
         }
     }
     Ok(())
