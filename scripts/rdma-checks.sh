@@ -101,9 +101,11 @@ fi
 #    peers' memory with RDMA READ (the `direct` algorithm, phases as
 #    zero-length messages); every direct collective x dtype x op, in and
 #    out of place, exact, and the algorithm that ran checked.
+#    Forced (OXCCL_ALGO=direct): every size runs direct. Automatic: calls
+#    above OXCCL_ONESHOT_BYTES (16 KiB) run direct, smaller ones as messages.
 for n in 2 3; do
-  OXCCL_TRANSPORT=rdma OXCCL_DEBUG=debug oxrun -n $n oxccl-selftest registered 1M direct >/tmp/d$n.txt 2>&1
-  if [ $? = 0 ] && grep -q "registered OK: $n ranks, direct access true" /tmp/d$n.txt && grep -q "first one-sided read" /tmp/d$n.txt; then
+  OXCCL_ALGO=direct OXCCL_TRANSPORT=rdma OXCCL_DEBUG=debug oxrun -n $n oxccl-selftest registered 1M direct >/tmp/d$n.txt 2>&1
+  if [ $? = 0 ] && grep -q "registered OK: $n ranks, direct Bytes(0)" /tmp/d$n.txt && grep -q "first one-sided read" /tmp/d$n.txt; then
     pass "direct access over rdma (one-sided reads), $n ranks"; grep "registered OK" /tmp/d$n.txt | sed 's/^/    | /'
   else
     fail "direct access over rdma, $n ranks"; show /tmp/d$n.txt 20
@@ -117,10 +119,10 @@ else
 fi
 # Two pretend hosts, automatic transport choice: RDMA serves every peer, so
 # registered buffers are reached one-sided as well.
-oxrun -n 2 --no-prefix sh -c 'OXCCL_HOSTID=h$OXCCL_RANK exec oxccl-selftest registered 256K direct' >/tmp/dh.txt 2>&1 \
-  && grep -q "registered OK: 2 ranks, direct access true" /tmp/dh.txt \
-  && pass "direct access over rdma on two pretend hosts" || { fail "direct access, two pretend hosts"; show /tmp/dh.txt 20; }
-oxrun -n 2 --no-prefix all_reduce_perf --transport rdma --registered -b 8 -e 16M -f 8 -c 1 -n 5 -w 2 >/tmp/dperf.txt 2>&1
+oxrun -n 2 --no-prefix sh -c 'OXCCL_HOSTID=h$OXCCL_RANK exec oxccl-selftest registered 256K direct-from=16385' >/tmp/dh.txt 2>&1 \
+  && grep -q "registered OK: 2 ranks, direct Bytes(16385)" /tmp/dh.txt \
+  && pass "direct access over rdma on two pretend hosts, automatic choice (direct above 16 KiB)" || { fail "direct access, two pretend hosts"; show /tmp/dh.txt 20; }
+oxrun -n 2 --no-prefix all_reduce_perf --transport rdma --registered --algo direct -b 8 -e 16M -f 8 -c 1 -n 5 -w 2 >/tmp/dperf.txt 2>&1
 if [ $? = 0 ] && grep -q "Out of bounds values : 0 OK" /tmp/dperf.txt; then
   pass "all_reduce_perf --registered over rdma (direct), #wrong 0"; show /tmp/dperf.txt 12
 else

@@ -7,7 +7,7 @@
 use crate::{bf16, f16, with_dtype, Communicator, DataType, Element, ReduceOp};
 
 mod registered;
-pub use registered::run_registered;
+pub use registered::{run_registered, DirectFrom};
 
 fn err(e: crate::Error) -> String {
     e.to_string()

@@ -365,13 +365,18 @@ fn fnv_hash(v: &[f32]) -> u64 {
 mod registered {
     use super::common::*;
     use oxccl::prelude::*;
-    use oxccl::selftest::run_registered;
+    use oxccl::selftest::{run_registered, DirectFrom};
 
     #[test]
     fn zero_copy_all_reduce_matrix() {
         for n in [1, 2, 3, 4, 5, 8] {
             with_ranks(n, test_config(), |c| {
-                run_registered(&c, n > 1, 200_003).unwrap();
+                let want = if n > 1 {
+                    DirectFrom::Bytes(0)
+                } else {
+                    DirectFrom::Never
+                };
+                run_registered(&c, want, 200_003).unwrap();
             });
         }
     }
@@ -382,7 +387,7 @@ mod registered {
             4,
             |r| host_config(r % 2),
             |c| {
-                run_registered(&c, false, 200_003).unwrap();
+                run_registered(&c, DirectFrom::Never, 200_003).unwrap();
             },
         );
     }

@@ -65,6 +65,12 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     assert_eq!(choose(&s, Some("oneshot"), &t).unwrap().name(), "oneshot");
     s.direct = Some(Access::Mapped);
     assert_eq!(choose(&s, None, &t).unwrap().name(), "direct");
+    // Over one-sided links, small calls go as messages.
+    s.direct = Some(Access::OneSided);
+    s.count = t.oneshot_bytes / s.elem_size;
+    assert_ne!(choose(&s, None, &t).unwrap().name(), "direct");
+    s.count += 1;
+    assert_eq!(choose(&s, None, &t).unwrap().name(), "direct");
     // Forcing an algorithm that cannot run a call leaves it to the registry.
     let b = CollSpec::new(Kind::Broadcast, 0, 4, 1000);
     assert_eq!(choose(&b, Some("oneshot"), &t).unwrap().name(), "chain");

@@ -10,6 +10,7 @@
 //! oxrun -n 4 oxccl-selftest small 10000         # many tiny all_reduces, each checked
 //! oxrun -n 2 oxccl-selftest registered-memory 4M # all_reduce from register_memory'd Vecs
 //! oxrun -n 3 oxccl-selftest registered 1M direct  # the matrix on alloc_shared buffers
+//!   (`direct`: every call runs `direct`; `direct-from=16K`: calls of 16 KiB and up; `messages`: none)
 //! oxrun -n 5 oxccl-selftest soak 20000 7        # random calls (seed 7), each checked
 //! ```
 
@@ -105,22 +106,29 @@ fn main() {
             // The matrix on alloc_shared buffers; `direct` (default) or
             // `messages` says which the transport must give.
             let big = bytes_arg(args.get(1), 1 << 20) / 4;
-            let want_direct = match args.get(2).map(String::as_str) {
-                None | Some("direct") => true,
-                Some("messages") => false,
-                Some(x) => fail(format!("expected `direct` or `messages`, not {x:?}")),
+            use oxccl::selftest::DirectFrom;
+            let want = match args.get(2).map(String::as_str) {
+                None | Some("direct") => DirectFrom::Bytes(0),
+                Some("messages") => DirectFrom::Never,
+                Some(x) => match x.strip_prefix("direct-from=") {
+                    Some(b) => DirectFrom::Bytes(bytes_arg(Some(&b.to_string()), 0)),
+                    None => fail(format!(
+                        "expected `direct`, `direct-from=BYTES` or `messages`, not {x:?}"
+                    )),
+                },
             };
             let t = Instant::now();
-            oxccl::selftest::run_registered(&comm, want_direct, big).unwrap_or_else(|e| fail(e));
+            oxccl::selftest::run_registered(&comm, want, big).unwrap_or_else(|e| fail(e));
             if rank == 0 {
                 println!(
-                    "registered OK: {n} ranks, direct access {want_direct}, every direct collective x dtype x op, in and out of place, up to {big} elements, in {:.1} s",
+                    "registered OK: {n} ranks, direct {want:?}, every direct collective x dtype x op, in and out of place, up to {big} elements, in {:.1} s",
                     t.elapsed().as_secs_f64()
                 );
             }
         }
         "registered-mismatch" => {
-            // Rank 1 passes another registered buffer than the others:
+            // Rank 1 passes another registered buffer than the others (large
+            // enough to run `direct` on every transport that reaches it):
             // every rank must report a mismatch naming both.
             let mut a = comm
                 .alloc_shared::<f32>(1 << 10)
