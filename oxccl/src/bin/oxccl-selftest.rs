@@ -131,10 +131,10 @@ fn main() {
             // enough to run `direct` on every transport that reaches it):
             // every rank must report a mismatch naming both.
             let mut a = comm
-                .alloc_shared::<f32>(1 << 10)
+                .alloc_shared::<f32>(1 << 16)
                 .unwrap_or_else(|e| fail(e));
             let mut b = comm
-                .alloc_shared::<f32>(1 << 10)
+                .alloc_shared::<f32>(1 << 16)
                 .unwrap_or_else(|e| fail(e));
             let buf = if rank == 1 { &mut b } else { &mut a };
             match comm.all_reduce_in_place(buf, ReduceOp::Sum) {
