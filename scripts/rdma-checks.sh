@@ -15,10 +15,10 @@ ibv_devinfo -l | grep -q rxe0 && pass "rxe0 is a verbs device" || fail "no rxe0"
 #    the credit window, zero-copy from registered memory, a closed peer, a
 #    failed work completion naming the verb and status, sleeping on the
 #    completion channel, strangers at the setup port, closing (abort) with
-#    zero-copy writes in flight.
+#    zero-copy writes in flight, one-sided reads (order, chunks, refusals).
 rdma-link-tests --test-threads=1 --nocapture >/tmp/lt.txt 2>&1
-if [ $? = 0 ] && grep -q "test result: ok. 7 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
-  pass "link tests (7) on rxe0"; grep -E "window full|after .*:|waited" /tmp/lt.txt | sed 's/^/    | /'
+if [ $? = 0 ] && grep -q "test result: ok. 8 passed" /tmp/lt.txt && ! grep -q skipped /tmp/lt.txt; then
+  pass "link tests (8) on rxe0"; grep -E "window full|after .*:|waited|one-sided:" /tmp/lt.txt | sed 's/^/    | /'
 else
   fail "link tests"; show /tmp/lt.txt 30
 fi

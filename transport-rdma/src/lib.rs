@@ -33,4 +33,4 @@ mod transport;
 pub mod verbs;
 
 #[cfg(feature = "verbs")]
-pub use transport::{probe, RdmaTransport};
+pub use transport::{probe, LoopbackPair, RdmaTransport};

@@ -249,7 +249,7 @@ impl RdmaLink {
             };
             let (remote, rkey) = (p.remote, p.rkey);
             // SAFETY: the destination lies in `mr`'s registered range (looked
-            // up when the read started) and the caller of `read` leaves it
+            // up when the read started) and the caller of `start_read` leaves it
             // alone until the ticket completes; `read_mrs` keeps the
             // registration until this chunk's completion.
             if let Err(e) = unsafe { self.qp.post_read(WR_READ, local, remote, rkey) } {
@@ -561,7 +561,7 @@ impl Link for RdmaLink {
 }
 
 impl OneSided for RdmaLink {
-    unsafe fn read(&mut self, local: Region, remote: RemoteMemory) -> io::Result<u64> {
+    unsafe fn start_read(&mut self, local: Region, remote: RemoteMemory) -> io::Result<u64> {
         if self.closed || self.peer_gone {
             return Err(ErrorKind::ConnectionReset.into());
         }

@@ -104,14 +104,10 @@ impl RdmaTransport {
         })
     }
 
-    /// Two linked ends in this process (rank 0's link to rank 1 and rank
-    /// 1's to rank 0) over the device, through the regular setup on
-    /// 127.0.0.1, plus rank 0's registry: for tests and benchmarks that
-    /// drive links by hand.
-    pub fn loopback_pair(
-        &self,
-        config: comm_core::Config,
-    ) -> Result<(RdmaLink, RdmaLink, Arc<dyn Registry>)> {
+    /// Two linked ends in this process over the device, through the
+    /// regular setup on 127.0.0.1: for tests and benchmarks that drive
+    /// links by hand.
+    pub fn loopback_pair(&self, config: comm_core::Config) -> Result<LoopbackPair> {
         let secret = comm_core::handshake::Secret::random()?;
         let ctx = |rank| SetupCtx {
             comm_id: 0x6c6f6f70,
@@ -127,6 +123,7 @@ impl RdmaTransport {
         let e1 = self.listen_endpoint(&c1)?;
         let addr0 = e0.local;
         let registry = e0.registry().expect("rdma endpoints have a registry");
+        let direct = e1.direct().expect("rdma endpoints have direct access");
         let dialer = std::thread::spawn(move || {
             let s = dial(&c1, 0, addr0, deadline)?;
             connect_pair(&e1.setup, 0, s)
@@ -139,8 +136,23 @@ impl RdmaTransport {
         let l1 = dialer
             .join()
             .map_err(|_| Error::Bootstrap("loopback RDMA pair: dialer panicked".into()))??;
-        Ok((link, l1, registry))
+        Ok(LoopbackPair {
+            links: (link, l1),
+            registry,
+            direct,
+        })
     }
+}
+
+/// Two linked ends of one process (see [`RdmaTransport::loopback_pair`]).
+pub struct LoopbackPair {
+    /// Rank 0's link to rank 1, and rank 1's to rank 0.
+    pub links: (RdmaLink, RdmaLink),
+    /// Rank 0's registry: memory its link sends from zero-copy, or reads
+    /// into one-sided.
+    pub registry: Arc<dyn Registry>,
+    /// Rank 1's direct access: memory it exports, which rank 0 reads.
+    pub direct: Arc<dyn DirectAccess>,
 }
 
 /// What each pair's setup needs (shared with the accept thread).

@@ -5,14 +5,16 @@
 #![cfg(feature = "verbs")]
 
 use comm_core::handshake::{self, Hello, Purpose, Secret};
-use comm_core::transport::{Link, Registry, SetupCtx, Transport};
-use comm_core::Config;
+use comm_core::transport::{
+    Link, OneSided, PeerMemory, Registration, Registry, SetupCtx, Transport,
+};
+use comm_core::{Config, Region};
 use std::io::{ErrorKind, IoSlice, IoSliceMut, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use transport_rdma::link::RdmaLink;
-use transport_rdma::RdmaTransport;
+use transport_rdma::{LoopbackPair, RdmaTransport};
 
 fn transport() -> Option<RdmaTransport> {
     // Short ACK timeout and few retries so a dead QP fails fast here.
@@ -27,13 +29,20 @@ fn transport() -> Option<RdmaTransport> {
     }
 }
 
-/// Rank 0's link to rank 1 and rank 1's to rank 0, over the device.
-fn pair(t: &RdmaTransport, chunk: usize) -> (RdmaLink, RdmaLink, Arc<dyn Registry>) {
+/// Rank 0's link to rank 1 and rank 1's to rank 0, over the device, with
+/// rank 0's registry and rank 1's direct access.
+fn loopback(t: &RdmaTransport, chunk: usize) -> LoopbackPair {
     t.loopback_pair(Config {
         chunk_bytes: chunk,
         ..Config::default()
     })
     .expect("loopback pair")
+}
+
+/// The links and rank 0's registry.
+fn pair(t: &RdmaTransport, chunk: usize) -> (RdmaLink, RdmaLink, Arc<dyn Registry>) {
+    let p = loopback(t, chunk);
+    (p.links.0, p.links.1, p.registry)
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
@@ -337,4 +346,63 @@ fn closing_with_zero_copy_writes_in_flight_is_clean() {
     // Destroying QPs and CQs with flushed work outstanding must not hang.
     drop(a);
     drop(b);
+}
+
+/// One-sided reads (what the `direct` algorithm does over RDMA): rank 1
+/// exports memory, rank 0 reads it into registered memory with RDMA READ.
+/// A read of several chunks, an empty one and a small one complete in
+/// order; memory that is not registered is refused before anything is
+/// posted; a wrong key fails the link with the verb named.
+#[test]
+fn one_sided_reads_copy_the_peers_exported_memory_in_order() {
+    let Some(t) = transport() else { return };
+    let p = loopback(&t, 1 << 20);
+    let (mut a, _b) = p.links;
+    let len = (3 << 20) + 4099; // several READ_CHUNKs and a ragged end
+    let (theirs, handle) = p.direct.export(len).unwrap();
+    let data = pattern(len, 5);
+    // SAFETY: the exported mapping holds at least `len` bytes, alive here.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), theirs.region().ptr(), len) };
+    let PeerMemory::Remote(remote) = p.direct.import(1, &handle, len).unwrap() else {
+        panic!("RDMA memory is imported as remote")
+    };
+    let mut got = vec![0u8; len];
+    let dst = Region::host_mut(&mut got[..]);
+    // Unregistered: refused at once, the link stays usable.
+    // SAFETY: nothing is posted (refused); `got` outlives the link's use.
+    let e = unsafe { OneSided::start_read(&mut a, dst, remote) }.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    let _reg = Registration::new(p.registry.clone(), dst).unwrap();
+    let big = len - 100;
+    // SAFETY: `got` is registered, alive and untouched until the reads
+    // complete (waited for below).
+    let tickets = unsafe {
+        [
+            OneSided::start_read(&mut a, dst.sub(0, big), remote.sub(0, big).unwrap()).unwrap(),
+            OneSided::start_read(&mut a, dst.sub(big, 0), remote.sub(big, 0).unwrap()).unwrap(),
+            OneSided::start_read(&mut a, dst.sub(big, 100), remote.sub(big, 100).unwrap()).unwrap(),
+        ]
+    };
+    assert_eq!(tickets, [0, 1, 2]);
+    drive(&mut a, |l| match l.reads_completed()? {
+        c if c > tickets[2] => Ok(c),
+        _ => Err(ErrorKind::WouldBlock.into()),
+    })
+    .unwrap();
+    assert!(got == data, "the bytes read differ from the exported ones");
+    // A key the peer never issued: the device refuses the read.
+    let bad = comm_core::RemoteMemory {
+        key: remote.key ^ 0x5a5a,
+        ..remote.sub(0, 4096).unwrap()
+    };
+    // SAFETY: as above.
+    unsafe { OneSided::start_read(&mut a, dst.sub(0, 4096), bad) }.unwrap();
+    let e = drive(&mut a, |l| match l.reads_completed()? {
+        c if c > 3 => Ok(c),
+        _ => Err(ErrorKind::WouldBlock.into()),
+    })
+    .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidData, "{e}");
+    assert!(e.to_string().contains("RDMA READ"), "{e}");
+    println!("one-sided: {len} bytes read exactly; a bad key: {e}");
 }

@@ -438,7 +438,7 @@ fn execute_with(
                             // before this one completes (the schedule's
                             // dependencies, checked symbolically), and a
                             // failed call closes the link, ending the read.
-                            let ticket = match unsafe { os.read(to, from) } {
+                            let ticket = match unsafe { os.start_read(to, from) } {
                                 Ok(t) => t,
                                 Err(e) => {
                                     return Err(cx.link_failed(peer, "reading its memory", e))

@@ -138,7 +138,7 @@ pub trait OneSided {
     /// # Safety
     /// `local` must stay allocated, and nothing may read or write it, until
     /// the read completed or the link was closed.
-    unsafe fn read(&mut self, local: Region, remote: RemoteMemory) -> std::io::Result<u64>;
+    unsafe fn start_read(&mut self, local: Region, remote: RemoteMemory) -> std::io::Result<u64>;
     /// Make progress; every ticket below the returned one has completed.
     /// A failed read fails the link (errors as for [`Link::read`]).
     fn reads_completed(&mut self) -> std::io::Result<u64>;
