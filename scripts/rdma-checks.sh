@@ -103,8 +103,9 @@ fi
 #    out of place, exact, and the algorithm that ran checked.
 #    Forced (OXCCL_ALGO=direct): every size runs direct. Automatic: calls
 #    above OXCCL_ONESHOT_BYTES (16 KiB) run direct, smaller ones as messages.
+#    (2 ranks up to 4 MiB: reads of several 1 MiB chunks.)
 for n in 2 3; do
-  OXCCL_ALGO=direct OXCCL_TRANSPORT=rdma OXCCL_DEBUG=debug oxrun -n $n oxccl-selftest registered 1M direct >/tmp/d$n.txt 2>&1
+  OXCCL_ALGO=direct OXCCL_TRANSPORT=rdma OXCCL_DEBUG=debug oxrun -n $n oxccl-selftest registered $((6 / n))M direct >/tmp/d$n.txt 2>&1
   if [ $? = 0 ] && grep -q "registered OK: $n ranks, direct Bytes(0)" /tmp/d$n.txt && grep -q "first one-sided read" /tmp/d$n.txt; then
     pass "direct access over rdma (one-sided reads), $n ranks"; grep "registered OK" /tmp/d$n.txt | sed 's/^/    | /'
   else
