@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 /// Run benchmark `coll` with this process's arguments; returns the exit code.
 pub fn main(coll: Coll) -> i32 {
+    oxccl::init_logging();
     let argv: Vec<String> = std::env::args().collect();
     let args = match Args::parse(argv[1..].iter().cloned()) {
         Ok(a) => a,

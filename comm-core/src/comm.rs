@@ -497,7 +497,9 @@ impl Inner {
         if p.is_some() {
             return;
         }
-        tracing::error!(rank = self.rank, "oxccl communicator failed: {e}");
+        // The caller gets the error itself; this event is for traces (a
+        // handled error is not the library's to print).
+        tracing::info!(rank = self.rank, "oxccl communicator failed: {e}");
         *p = Some(e.clone());
         drop(p);
         if let Some(n) = executor::notice_for(self.rank, &e) {

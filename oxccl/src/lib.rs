@@ -173,13 +173,11 @@ impl CommunicatorExt for Communicator {
         nranks: usize,
         config: Config,
     ) -> Result<Communicator> {
-        init_logging();
         let t = transports(&config)?;
         Communicator::init_with(id, rank, nranks, config, t)
     }
 
     fn from_env() -> Result<Communicator> {
-        init_logging();
         let config = Config::from_env()?;
         let env = launch_env()?;
         let id = env.root.into_id(env.rank, config.timeout)?;
@@ -187,17 +185,26 @@ impl CommunicatorExt for Communicator {
     }
 }
 
-/// Turn on logs as `OXCCL_DEBUG` says (`warn` by default; `info`, `debug`,
-/// `trace`), to stderr, once per process. Called by every constructor.
+/// Print oxccl's logs to stderr: a global `tracing` subscriber filtered by
+/// `RUST_LOG` when it is set, else by `OXCCL_DEBUG` (`warn` by default;
+/// `info`, `debug`, `trace`) for oxccl's crates. For programs: oxccl's
+/// binaries call it first thing; the library never does (it only emits
+/// `tracing` events), so an application keeps its own subscriber. Does
+/// nothing when a global subscriber is already set, or the second time.
 pub fn init_logging() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        let level = std::env::var("OXCCL_DEBUG")
-            .unwrap_or_else(|_| "warn".into())
-            .to_lowercase();
-        let filter = tracing_subscriber::EnvFilter::try_new(format!(
-            "warn,comm_core={level},transport_tcp={level},transport_shm={level},transport_rdma={level},oxccl={level}"
-        ))
+        let filter = match std::env::var("RUST_LOG") {
+            Ok(spec) => tracing_subscriber::EnvFilter::try_new(spec),
+            Err(_) => {
+                let level = std::env::var("OXCCL_DEBUG")
+                    .unwrap_or_else(|_| "warn".into())
+                    .to_lowercase();
+                tracing_subscriber::EnvFilter::try_new(format!(
+                    "warn,comm_core={level},transport_tcp={level},transport_shm={level},transport_rdma={level},oxccl={level}"
+                ))
+            }
+        }
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)

@@ -157,6 +157,7 @@ fn plot_command(args: &[String]) -> ! {
 }
 
 fn main() {
+    oxccl::init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("--plot") {
         plot_command(&args[1..]);

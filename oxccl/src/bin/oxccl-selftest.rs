@@ -47,6 +47,7 @@ fn bytes_arg(a: Option<&String>, default: usize) -> usize {
 }
 
 fn main() {
+    oxccl::init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("matrix");
     let t0 = Instant::now();

@@ -80,6 +80,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
 }
 
 fn main() {
+    oxccl::init_logging();
     let opts = match parse(std::env::args().skip(1)) {
         Ok(o) => o,
         Err(e) => {

@@ -6,7 +6,7 @@
 //! otherwise.
 
 use super::{data, err, expected, first_diff, value, TestElem};
-use crate::{bf16, f16, Communicator, ReduceOp};
+use crate::{bf16, f16, Communicator, ReduceOp, SharedBuffer};
 
 /// Which calls on registered buffers must run `direct`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,33 +35,73 @@ pub fn run_registered(
     big: usize,
 ) -> Result<(), String> {
     let n = comm.nranks();
+    let k = Check {
+        c: comm,
+        want: want_direct,
+    };
     let counts = [0, 1, 7, n - 1, n + 1, big];
-    all_reduce::<i8>(comm, want_direct, &counts)?;
-    all_reduce::<u8>(comm, want_direct, &counts)?;
-    all_reduce::<i32>(comm, want_direct, &counts)?;
-    all_reduce::<u32>(comm, want_direct, &counts)?;
-    all_reduce::<i64>(comm, want_direct, &counts)?;
-    all_reduce::<u64>(comm, want_direct, &counts)?;
-    all_reduce::<f16>(comm, want_direct, &counts)?;
-    all_reduce::<bf16>(comm, want_direct, &counts)?;
-    all_reduce::<f32>(comm, want_direct, &counts)?;
-    all_reduce::<f64>(comm, want_direct, &counts)?;
+    all_reduce::<i8>(&k, &counts)?;
+    all_reduce::<u8>(&k, &counts)?;
+    all_reduce::<i32>(&k, &counts)?;
+    all_reduce::<u32>(&k, &counts)?;
+    all_reduce::<i64>(&k, &counts)?;
+    all_reduce::<u64>(&k, &counts)?;
+    all_reduce::<f16>(&k, &counts)?;
+    all_reduce::<bf16>(&k, &counts)?;
+    all_reduce::<f32>(&k, &counts)?;
+    all_reduce::<f64>(&k, &counts)?;
     let small = [0, 1, 7, big / 4 + 1];
-    others::<i8>(comm, want_direct, &small)?;
-    others::<u32>(comm, want_direct, &small)?;
-    others::<bf16>(comm, want_direct, &small)?;
-    others::<f16>(comm, want_direct, &small)?;
-    others::<f32>(comm, want_direct, &small)?;
-    others::<i64>(comm, want_direct, &small)?;
+    others::<i8>(&k, &small)?;
+    others::<u32>(&k, &small)?;
+    others::<bf16>(&k, &small)?;
+    others::<f16>(&k, &small)?;
+    others::<f32>(&k, &small)?;
+    others::<i64>(&k, &small)?;
     comm.barrier().map_err(err)
 }
 
-/// Every element of `got` as `want` says, or an error naming the first
-/// that is not.
-fn exact<T: TestElem>(got: &[T], want: impl Fn(usize) -> T, what: &str) -> Result<(), String> {
-    match first_diff(got, want) {
-        Some(d) => Err(format!("{what}: {d}")),
-        None => Ok(()),
+/// One rank's side of the checks: the communicator and what it expects.
+struct Check<'a> {
+    c: &'a Communicator,
+    want: DirectFrom,
+}
+
+impl Check<'_> {
+    /// A registered buffer holding `v`.
+    fn filled<T: TestElem>(&self, v: &[T]) -> Result<SharedBuffer<T>, String> {
+        let mut b = self.c.alloc_shared::<T>(v.len()).map_err(err)?;
+        b.copy_from_slice(v);
+        Ok(b)
+    }
+
+    /// A zeroed registered buffer of `len` elements.
+    fn zeroed<T: TestElem>(&self, len: usize) -> Result<SharedBuffer<T>, String> {
+        self.c.alloc_shared::<T>(len).map_err(err)
+    }
+
+    /// After a call of `count` elements into `got`: the buffer was
+    /// reachable as expected, `direct` ran exactly when it should, and
+    /// every element is as `want` says.
+    fn after<T: TestElem>(
+        &self,
+        got: &SharedBuffer<T>,
+        count: usize,
+        want: impl Fn(usize) -> T,
+        what: &str,
+    ) -> Result<(), String> {
+        let (shared, expected) = (got.is_zero_copy(), self.want);
+        expect(shared == expected.reachable(), || {
+            format!("{what}: registered buffer reachable by peers: {shared}, expected {expected:?}")
+        })?;
+        let alg = self.c.last_algorithm();
+        expect(
+            (alg == Some("direct")) == expected.direct::<T>(count),
+            || format!("{what}: ran {alg:?}, expected direct from {expected:?}"),
+        )?;
+        match first_diff(got, want) {
+            Some(d) => Err(format!("{what}: {d}")),
+            None => Ok(()),
+        }
     }
 }
 
@@ -73,49 +113,20 @@ fn expect(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     }
 }
 
-/// The buffer is reachable as expected and a call of `count` elements of
-/// `T` ran `direct` exactly when it should.
-fn ran_as_expected<T>(
-    c: &Communicator,
-    shared: bool,
-    want: DirectFrom,
-    count: usize,
-    what: &str,
-) -> Result<(), String> {
-    expect(shared == want.reachable(), || {
-        format!("{what}: registered buffer reachable by peers: {shared}, expected {want:?}")
-    })?;
-    let alg = c.last_algorithm();
-    expect((alg == Some("direct")) == want.direct::<T>(count), || {
-        format!("{what}: ran {alg:?}, expected direct from {want:?}")
-    })
-}
-
-fn all_reduce<T: TestElem>(
-    c: &Communicator,
-    want_direct: DirectFrom,
-    counts: &[usize],
-) -> Result<(), String> {
-    let (r, n) = (c.rank(), c.nranks());
+fn all_reduce<T: TestElem>(k: &Check, counts: &[usize]) -> Result<(), String> {
+    let (r, n) = (k.c.rank(), k.c.nranks());
     for &count in counts {
         for op in ReduceOp::ALL {
             let what = format!("rank {r}: {} all_reduce {op} count {count}", T::DTYPE);
             let input: Vec<T> = data(op, r, 0, count);
-            let mut buf = c.alloc_shared::<T>(count).map_err(err)?;
-            buf.copy_from_slice(&input);
-            c.all_reduce_in_place(&mut buf, op).map_err(err)?;
-            ran_as_expected::<T>(c, buf.is_zero_copy(), want_direct, count, &what)?;
-            exact(&buf, |i| expected(op, n, i), &format!("{what}, in place"))?;
-            let mut send = c.alloc_shared::<T>(count).map_err(err)?;
-            send.copy_from_slice(&input);
-            let mut recv = c.alloc_shared::<T>(count).map_err(err)?;
-            c.all_reduce(&send, &mut recv, op).map_err(err)?;
-            ran_as_expected::<T>(c, recv.is_zero_copy(), want_direct, count, &what)?;
-            exact(
-                &recv,
-                |i| expected(op, n, i),
-                &format!("{what}, out of place"),
-            )?;
+            let want = |i: usize| expected(op, n, i);
+            let mut buf = k.filled(&input)?;
+            k.c.all_reduce_in_place(&mut buf, op).map_err(err)?;
+            k.after(&buf, count, want, &format!("{what}, in place"))?;
+            let send = k.filled(&input)?;
+            let mut recv = k.zeroed::<T>(count)?;
+            k.c.all_reduce(&send, &mut recv, op).map_err(err)?;
+            k.after(&recv, count, want, &format!("{what}, out of place"))?;
             expect(send[..] == input[..], || {
                 format!("{what}: the send buffer changed")
             })?;
@@ -124,53 +135,40 @@ fn all_reduce<T: TestElem>(
     Ok(())
 }
 
-fn others<T: TestElem>(
-    c: &Communicator,
-    want_direct: DirectFrom,
-    counts: &[usize],
-) -> Result<(), String> {
-    let (r, n) = (c.rank(), c.nranks());
+fn others<T: TestElem>(k: &Check, counts: &[usize]) -> Result<(), String> {
+    let (r, n) = (k.c.rank(), k.c.nranks());
     for &count in counts {
-        let what = |k: &str| format!("rank {r}: {} {k} count {count}", T::DTYPE);
+        let what = |s: &str| format!("rank {r}: {} {s} count {count}", T::DTYPE);
+        let mine = data::<T>(ReduceOp::Sum, r, 0, count);
         for root in [0, n - 1] {
             let w = what(&format!("broadcast root {root}"));
-            let mut b = c.alloc_shared::<T>(count).map_err(err)?;
-            b.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
-            c.broadcast_in_place(&mut b, root).map_err(err)?;
-            ran_as_expected::<T>(c, b.is_zero_copy(), want_direct, count, &w)?;
             let want = |i: usize| T::from_i(value(ReduceOp::Sum, root, i));
-            exact(&b, want, &w)?;
+            let mut b = k.filled(&mine)?;
+            k.c.broadcast_in_place(&mut b, root).map_err(err)?;
+            k.after(&b, count, want, &format!("{w}, in place"))?;
             // Out of place: the root's input lands in every output.
-            let mut src = c.alloc_shared::<T>(count).map_err(err)?;
-            src.copy_from_slice(&data::<T>(ReduceOp::Sum, r, 0, count));
-            let mut out = c.alloc_shared::<T>(count).map_err(err)?;
-            c.broadcast(&src, &mut out, root).map_err(err)?;
-            ran_as_expected::<T>(c, out.is_zero_copy(), want_direct, count, &w)?;
-            exact(&out, want, &format!("{w}, out of place"))?;
+            let src = k.filled(&mine)?;
+            let mut out = k.zeroed::<T>(count)?;
+            k.c.broadcast(&src, &mut out, root).map_err(err)?;
+            k.after(&out, count, want, &format!("{w}, out of place"))?;
         }
         // all_gather, in place: this rank's part at rank * count.
         let w = what("all_gather");
-        let mine = data::<T>(ReduceOp::Sum, r, 0, count);
-        let mut b = c.alloc_shared::<T>(n * count).map_err(err)?;
-        b[r * count..(r + 1) * count].copy_from_slice(&mine);
-        c.all_gather_in_place(&mut b).map_err(err)?;
-        ran_as_expected::<T>(c, b.is_zero_copy(), want_direct, count, &w)?;
         let want = |i: usize| T::from_i(value(ReduceOp::Sum, i / count, i % count));
-        exact(&b, want, &format!("{w}, in place"))?;
-        let mut src = c.alloc_shared::<T>(count).map_err(err)?;
-        src.copy_from_slice(&mine);
-        let mut out = c.alloc_shared::<T>(n * count).map_err(err)?;
-        c.all_gather(&src, &mut out).map_err(err)?;
-        ran_as_expected::<T>(c, out.is_zero_copy(), want_direct, count, &w)?;
-        exact(&out, want, &format!("{w}, out of place"))?;
+        let mut b = k.zeroed::<T>(n * count)?;
+        b[r * count..(r + 1) * count].copy_from_slice(&mine);
+        k.c.all_gather_in_place(&mut b).map_err(err)?;
+        k.after(&b, count, want, &format!("{w}, in place"))?;
+        let src = k.filled(&mine)?;
+        let mut out = k.zeroed::<T>(n * count)?;
+        k.c.all_gather(&src, &mut out).map_err(err)?;
+        k.after(&out, count, want, &format!("{w}, out of place"))?;
         // reduce_scatter for every op, in and out of place.
         for op in ReduceOp::ALL {
             let w = what(&format!("reduce_scatter {op}"));
             let full: Vec<T> = data(op, r, 0, n * count);
-            let mut b = c.alloc_shared::<T>(n * count).map_err(err)?;
-            b.copy_from_slice(&full);
-            c.reduce_scatter_in_place(&mut b, op).map_err(err)?;
-            ran_as_expected::<T>(c, b.is_zero_copy(), want_direct, count, &w)?;
+            let mut b = k.filled(&full)?;
+            k.c.reduce_scatter_in_place(&mut b, op).map_err(err)?;
             // Outside its segment the buffer is left as it was.
             let want = |i: usize| {
                 if i / count.max(1) == r && count > 0 {
@@ -179,14 +177,12 @@ fn others<T: TestElem>(
                     full[i]
                 }
             };
-            exact(&b, want, &format!("{w}, in place"))?;
-            let mut src = c.alloc_shared::<T>(n * count).map_err(err)?;
-            src.copy_from_slice(&full);
-            let mut out = c.alloc_shared::<T>(count).map_err(err)?;
-            c.reduce_scatter(&src, &mut out, op).map_err(err)?;
-            ran_as_expected::<T>(c, out.is_zero_copy(), want_direct, count, &w)?;
+            k.after(&b, count, want, &format!("{w}, in place"))?;
+            let src = k.filled(&full)?;
+            let mut out = k.zeroed::<T>(count)?;
+            k.c.reduce_scatter(&src, &mut out, op).map_err(err)?;
             let want = |i: usize| expected(op, n, r * count + i);
-            exact(&out, want, &format!("{w}, out of place"))?;
+            k.after(&out, count, want, &format!("{w}, out of place"))?;
         }
     }
     Ok(())
