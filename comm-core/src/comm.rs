@@ -115,9 +115,13 @@ impl State {
         forced: Option<&str>,
         tuning: &Tuning,
     ) -> Result<Planned> {
-        if let Some(i) = self.schedules.iter().position(|(k, _)| k == spec) {
-            let hit = self.schedules.remove(i);
-            self.schedules.push(hit);
+        // Most recent last; a repeated call (the common case) finds itself
+        // there and moves nothing.
+        if let Some(i) = self.schedules.iter().rposition(|(k, _)| k == spec) {
+            if i + 1 < self.schedules.len() {
+                let hit = self.schedules.remove(i);
+                self.schedules.push(hit);
+            }
         } else {
             let alg = algorithms::choose(spec, forced, tuning)
                 .ok_or_else(|| Error::invalid(format!("no algorithm runs {}", spec.kind.name())))?;
