@@ -365,7 +365,13 @@ fn execute_with(
                 }
                 Some(Ok(_)) => k += 1,
                 Some(Err(e)) => return Err(cx.link_failed(peer, "reading its memory", e)),
-                None => unreachable!("a read was started on this link"),
+                // A read was started on this link: it has one-sided reads.
+                None => {
+                    return Err(Error::Protocol(format!(
+                        "{}: rank {peer}'s link lost its one-sided reads (internal error)",
+                        cx.during
+                    )))
+                }
             }
         }
 
