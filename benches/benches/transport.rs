@@ -6,7 +6,7 @@
 //! `cargo bench -p benches --bench transport`
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use oxccl::{Communicator, CommunicatorExt, Config, UniqueId};
+use oxccl::{Communicator, Config, UniqueId};
 use std::sync::mpsc::{channel, Sender};
 use std::time::{Duration, Instant};
 

@@ -20,7 +20,7 @@ pub use coll::Coll;
 
 use oxccl::launch::{self, Launch, Output};
 use oxccl::selftest::TestElem;
-use oxccl::{with_dtype, Communicator, CommunicatorExt, Config, DataType, ReduceOp, UniqueId};
+use oxccl::{with_dtype, Communicator, Config, DataType, ReduceOp, UniqueId};
 use report::{Measure, Row};
 use std::time::{Duration, Instant};
 

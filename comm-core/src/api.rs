@@ -15,22 +15,15 @@
 use crate::call::{Fingerprint, Kind};
 use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
+use crate::group::{run_p2p, P2pBatch, P2pOp};
 use crate::mem::{Buffer, BufferMut, MemorySpace, Region};
 use crate::types::{DataType, Element, ReduceOp};
 use crate::work::Work;
-use algorithms::{CollSpec, P2pStep};
-
-/// One operation of a point-to-point group (see [`Communicator::group`]).
-pub enum P2p<'a, T> {
-    /// Send the slice to the peer.
-    Send(&'a [T], usize),
-    /// Receive into the slice from the peer.
-    Recv(&'a mut [T], usize),
-}
+use algorithms::CollSpec;
 
 /// A collective as the argument checker and the planner see it.
 #[derive(Clone, Copy, Debug)]
-struct Coll {
+pub(crate) struct Coll {
     kind: Kind,
     dtype: DataType,
     op: ReduceOp,
@@ -49,7 +42,7 @@ impl Coll {
 }
 
 /// Elements of `dtype` in `r`, checking size and alignment.
-fn elems(what: &str, r: &Region, dtype: DataType) -> Result<usize> {
+pub(crate) fn elems(what: &str, r: &Region, dtype: DataType) -> Result<usize> {
     let es = dtype.size();
     if !r.len.is_multiple_of(es) {
         return Err(Error::invalid(format!(
@@ -80,7 +73,7 @@ fn run_barrier(inner: &Inner, st: &mut State) -> Result<()> {
 /// Plan and run one collective: the registry picks the algorithm for the
 /// call's spec (direct access when every buffer is registered and mapped
 /// by every peer), the executor runs its schedule.
-fn run_coll(
+pub(crate) fn run_coll(
     inner: &Inner,
     st: &mut State,
     c: &Coll,
@@ -182,7 +175,7 @@ impl Communicator {
     /// Check a collective on regions and turn it into the executor's
     /// (input, output): in place, all_gather's input is the output's
     /// segment `rank` and reduce_scatter's output the input's.
-    fn plan(
+    pub(crate) fn plan(
         &self,
         kind: Kind,
         send: Option<Region>,
@@ -405,7 +398,12 @@ impl Communicator {
 
     /// Send `buf` to `peer` (blocks until handed to the transport).
     pub fn send<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B, peer: usize) -> Result<()> {
-        self.group_regions(T::DTYPE, vec![(true, buf.region(), peer)])
+        self.p2p(&[P2pOp {
+            send: true,
+            region: buf.region(),
+            peer,
+            dtype: T::DTYPE,
+        }])
     }
     /// Receive exactly `buf.len()` elements from `peer`.
     pub fn recv<T: Element, B: BufferMut<T> + ?Sized>(
@@ -413,7 +411,12 @@ impl Communicator {
         buf: &mut B,
         peer: usize,
     ) -> Result<()> {
-        self.group_regions(T::DTYPE, vec![(false, buf.region_mut(), peer)])
+        self.p2p(&[P2pOp {
+            send: false,
+            region: buf.region_mut(),
+            peer,
+            dtype: T::DTYPE,
+        }])
     }
     /// Send to one peer and receive from another at the same time (never
     /// deadlocks when both sides call it with each other).
@@ -423,8 +426,20 @@ impl Communicator {
         S: Buffer<T> + ?Sized,
         R: BufferMut<T> + ?Sized,
     {
-        let ops = vec![(true, send.region(), to), (false, recv.region_mut(), from)];
-        self.group_regions(T::DTYPE, ops)
+        self.p2p(&[
+            P2pOp {
+                send: true,
+                region: send.region(),
+                peer: to,
+                dtype: T::DTYPE,
+            },
+            P2pOp {
+                send: false,
+                region: recv.region_mut(),
+                peer: from,
+                dtype: T::DTYPE,
+            },
+        ])
     }
 
     /// Send `buf` to `to` and replace its contents with what `from` sends
@@ -436,98 +451,15 @@ impl Communicator {
         from: usize,
     ) -> Result<()> {
         let mut incoming = vec![T::default(); buf.len()];
-        self.group(vec![P2p::Send(buf, to), P2p::Recv(&mut incoming, from)])?;
+        self.send_recv(buf, to, &mut incoming, from)?;
         buf.copy_from_slice(&incoming);
         Ok(())
     }
 
-    /// Run several sends and receives together (`ncclGroupStart/End`
-    /// around send/recv): they progress concurrently, so any pattern that
-    /// is matched on both sides completes. Operations with the same peer
-    /// are matched in order. Sends to and receives from this rank itself are
-    /// matched in order and copied.
-    pub fn group<T: Element>(&self, ops: Vec<P2p<'_, T>>) -> Result<()> {
-        let ops = ops
-            .into_iter()
-            .map(|op| match op {
-                P2p::Send(b, p) => (true, b.region(), p),
-                P2p::Recv(b, p) => (false, b.region_mut(), p),
-            })
-            .collect();
-        self.group_regions(T::DTYPE, ops)
-    }
-
-    /// A group of (is send, memory, peer) operations on `dtype` elements.
-    fn group_regions(&self, dtype: DataType, ops: Vec<(bool, Region, usize)>) -> Result<()> {
-        let (n, me) = (self.nranks(), self.rank());
-        let mut regions: Vec<Region> = vec![Region::EMPTY; 2];
-        let mut steps = Vec::new();
-        let mut self_sends: Vec<Region> = Vec::new();
-        let mut self_recvs: Vec<Region> = Vec::new();
-        for (is_send, r, peer) in ops {
-            if peer >= n {
-                return Err(Error::invalid(format!(
-                    "peer {peer} is not a rank of this {n}-rank communicator"
-                )));
-            }
-            let len = elems(
-                if is_send {
-                    "send buffer"
-                } else {
-                    "recv buffer"
-                },
-                &r,
-                dtype,
-            )?;
-            if peer == me {
-                if is_send {
-                    &mut self_sends
-                } else {
-                    &mut self_recvs
-                }
-                .push(r);
-                continue;
-            }
-            let buf = regions.len() as u16;
-            steps.push(if is_send {
-                P2pStep::Send { peer, buf, len }
-            } else {
-                P2pStep::Recv { peer, buf, len }
-            });
-            regions.push(r);
-        }
-        if regions.len() > u16::MAX as usize - 1 {
-            return Err(Error::invalid("too many operations in one group"));
-        }
-        if self_sends.len() != self_recvs.len() {
-            return Err(Error::invalid(format!(
-                "group has {} sends to this rank itself but {} receives from it",
-                self_sends.len(),
-                self_recvs.len()
-            )));
-        }
-        for (s, r) in self_sends.iter().zip(&self_recvs) {
-            if s.len != r.len {
-                let es = dtype.size();
-                return Err(Error::invalid(format!(
-                    "self send of {} elements matched with a receive of {}",
-                    s.len / es,
-                    r.len / es
-                )));
-            }
-        }
-        self.run(move |inner, st| {
-            for (s, r) in self_sends.iter().zip(&self_recvs) {
-                inner.local_copy(st, *r, *s)?;
-            }
-            if steps.is_empty() {
-                return Ok(());
-            }
-            let sched = algorithms::p2p(&steps, inner.chunk_elems(dtype));
-            let per_step = inner.p2p_numbers(st, &steps, &sched, dtype);
-            let fp = Fingerprint::new(Kind::P2p, dtype, 0);
-            inner.execute(st, fp, &sched, &regions, Some(per_step), false)
-        })
+    /// Check and run a batch of point-to-point operations as one call.
+    fn p2p(&self, ops: &[P2pOp]) -> Result<()> {
+        let batch = P2pBatch::new(self.rank(), self.nranks(), ops)?;
+        self.run(move |inner, st| run_p2p(inner, st, &batch))
     }
 
     // ------------------------------------------------------------ async --
@@ -544,10 +476,10 @@ impl Communicator {
         // the worker plans again on the moved buffer's region.
         let plan = self.plan(kind, None, buf.region_mut(), T::DTYPE, op, root);
         if let Err(e) = plan {
-            return self.inner.worker.submit(move || Err(e));
+            return Work::done(kind.name(), Err(e));
         }
         let me = self.clone_handle();
-        self.submit(move |inner, st| {
+        self.submit(kind.name(), move |inner, st| {
             let (c, send, recv) = me.plan(kind, None, buf.region_mut(), T::DTYPE, op, root)?;
             run_coll(inner, st, &c, send, recv)?;
             Ok(buf)
@@ -570,10 +502,10 @@ impl Communicator {
             0,
         );
         if let Err(e) = plan {
-            return self.inner.worker.submit(move || Err(e));
+            return Work::done(kind.name(), Err(e));
         }
         let me = self.clone_handle();
-        self.submit(move |inner, st| {
+        self.submit(kind.name(), move |inner, st| {
             let (s, r) = (send.region(), recv.region_mut());
             let (c, s, r) = me.plan(kind, Some(s), r, T::DTYPE, op, 0)?;
             run_coll(inner, st, &c, s, r)?;
@@ -651,7 +583,7 @@ impl Communicator {
     }
     /// Async barrier.
     pub fn barrier_async(&self) -> Work<()> {
-        self.submit(run_barrier)
+        self.submit("barrier", run_barrier)
     }
     /// Async send of an owned buffer (returned when sent).
     pub fn send_async<T, B>(&self, buf: B, peer: usize) -> Work<B>
@@ -675,32 +607,23 @@ impl Communicator {
         T: Element,
         B: BufferMut<T> + Send + 'static,
     {
-        let n = self.nranks();
-        if peer >= n || peer == self.rank() {
+        let call = if is_send { "send" } else { "recv" };
+        let (n, me) = (self.nranks(), self.rank());
+        if peer >= n || peer == me {
             let e = Error::invalid(format!(
                 "async point-to-point peer {peer} must be another rank of 0..{n}"
             ));
-            return self.inner.worker.submit(move || Err(e));
+            return Work::done(call, Err(e));
         }
-        let dtype = T::DTYPE;
-        self.submit(move |inner, st| {
-            let r = buf.region_mut();
-            let len = elems("buffer", &r, dtype)?;
-            let step = if is_send {
-                P2pStep::Send { peer, buf: 2, len }
-            } else {
-                P2pStep::Recv { peer, buf: 2, len }
+        self.submit(call, move |inner, st| {
+            // The region is taken here, after the move to the worker.
+            let op = P2pOp {
+                send: is_send,
+                region: buf.region_mut(),
+                peer,
+                dtype: T::DTYPE,
             };
-            let sched = algorithms::p2p(&[step], inner.chunk_elems(dtype));
-            let per_step = inner.p2p_numbers(st, &[step], &sched, dtype);
-            inner.execute(
-                st,
-                Fingerprint::new(Kind::P2p, dtype, 0),
-                &sched,
-                &[Region::EMPTY, Region::EMPTY, r],
-                Some(per_step),
-                false,
-            )?;
+            run_p2p(inner, st, &P2pBatch::new(me, n, &[op])?)?;
             Ok(buf)
         })
     }

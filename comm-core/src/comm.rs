@@ -43,6 +43,10 @@ pub(crate) struct Inner {
     pub(crate) comm_id: u64,
     pub(crate) config: Config,
     pub(crate) peers: Vec<PeerInfo>,
+    /// The job's number of each rank (`world[rank]`): the identity on a
+    /// communicator made by `init`, the parent's numbers on one made by
+    /// `split`. Errors name both.
+    pub(crate) world: Vec<usize>,
     /// More ranks of this communicator on this host than it has cores.
     pub(crate) oversubscribed: bool,
     transports: Transports,
@@ -75,6 +79,8 @@ pub(crate) struct State {
     pub(crate) control: Control,
     /// Sequence number of the next collective.
     pub(crate) seq: u64,
+    /// Sequence number of the next point-to-point call (send, recv, group).
+    p2p_calls: u64,
     /// Shared flag pages of this host's ranks (first `alloc_shared`).
     pub(crate) flags: Option<SyncFlags>,
     /// Shared buffers allocated so far (their ids).
@@ -150,6 +156,30 @@ impl State {
 }
 
 impl State {
+    /// Each point-to-point step's (sequence number, fingerprint), for
+    /// `steps` of `chunk`-byte messages and their operations' `fps`. An
+    /// operation's number is its position among the operations between
+    /// this rank and its peer in that direction; all its messages carry it.
+    pub(crate) fn p2p_numbers(
+        &mut self,
+        steps: &[algorithms::P2pStep],
+        fps: &[Fingerprint],
+        chunk: usize,
+    ) -> Vec<(u64, Fingerprint)> {
+        let mut v = Vec::with_capacity(steps.len());
+        for (op, fp) in steps.iter().zip(fps) {
+            let (counter, len) = match *op {
+                algorithms::P2pStep::Send { peer, len, .. } => (&mut self.p2p_sent[peer], len),
+                algorithms::P2pStep::Recv { peer, len, .. } => (&mut self.p2p_recvd[peer], len),
+            };
+            *counter += 1;
+            for _ in 0..len.div_ceil(chunk).max(1) {
+                v.push((*counter - 1, *fp));
+            }
+        }
+        v
+    }
+
     /// The registered buffer of communicator `comm_id` that `r` lies in.
     fn registered(&self, comm_id: u64, r: &Region) -> Option<Arc<SharedMaps>> {
         match r.space {
@@ -167,6 +197,18 @@ impl State {
     pub(crate) fn is_direct(&self, inner: &Inner, r: &Region) -> bool {
         self.registered(inner.comm_id, r)
             .is_some_and(|m| m.zero_copy)
+    }
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("id", &format_args!("{:#x}", self.inner.comm_id))
+            .field("rank", &self.inner.rank)
+            .field("nranks", &self.inner.nranks)
+            .field("world_rank", &self.world_rank())
+            .field("error", &self.error())
+            .finish()
     }
 }
 
@@ -206,6 +248,19 @@ impl Communicator {
         nranks: usize,
         config: Config,
         transports: Transports,
+    ) -> Result<Communicator> {
+        Self::init_in(id, rank, nranks, config, transports, (0..nranks).collect())
+    }
+
+    /// `init_with` for a communicator whose rank `r` is rank `world[r]` of
+    /// the job.
+    fn init_in(
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        config: Config,
+        transports: Transports,
+        world: Vec<usize>,
     ) -> Result<Communicator> {
         if nranks == 0 || rank >= nranks {
             return Err(Error::invalid(format!("rank {rank} is not in 0..{nranks}")));
@@ -313,6 +368,7 @@ impl Communicator {
                 comm_id: id.comm_id(),
                 config,
                 peers,
+                world,
                 oversubscribed: local > cores,
                 transports,
                 state: Mutex::new(State {
@@ -325,6 +381,7 @@ impl Communicator {
                     sync_phase: 0,
                     schedules: Vec::new(),
                     seq: 0,
+                    p2p_calls: 0,
                     p2p_sent: vec![0; nranks],
                     p2p_recvd: vec![0; nranks],
                 }),
@@ -353,6 +410,23 @@ impl Communicator {
     /// Number of ranks.
     pub fn nranks(&self) -> usize {
         self.inner.nranks
+    }
+
+    /// Number of ranks (the name cudarc and torch use).
+    pub fn world_size(&self) -> usize {
+        self.inner.nranks
+    }
+
+    /// This rank's number in the job (the communicator this one was split
+    /// from, transitively; equal to [`Communicator::rank`] on a communicator
+    /// made by `init`).
+    pub fn world_rank(&self) -> usize {
+        self.inner.world[self.inner.rank]
+    }
+
+    /// The job's number of every rank of this communicator, by rank.
+    pub fn world_ranks(&self) -> &[usize] {
+        &self.inner.world
     }
 
     /// The communicator id (same on every rank).
@@ -393,9 +467,24 @@ impl Communicator {
     }
 
     /// Create sub-communicators (`ncclCommSplit`): ranks passing the same
-    /// `color` form one, ordered by `key` then by parent rank; `None` opts
-    /// out (returns `Ok(None)`). Collective over the parent.
-    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+    /// `color` form one, ordered by `key` then by parent rank. Collective
+    /// over the parent: every rank calls `split`, [`Communicator::split_out`]
+    /// or [`Communicator::split_maybe`]. Errors on the new communicator
+    /// name its ranks and their numbers in the job ([`Communicator::world_ranks`]).
+    pub fn split(&self, color: u32, key: i64) -> Result<Communicator> {
+        self.split_maybe(Some(color), key)?
+            .ok_or_else(|| Error::Protocol("split produced no communicator for a colour".into()))
+    }
+
+    /// Take part in a split without joining any of the new communicators
+    /// (`NCCL_SPLIT_NOCOLOR`).
+    pub fn split_out(&self) -> Result<()> {
+        self.split_maybe(None, 0).map(|_| ())
+    }
+
+    /// [`Communicator::split`] when whether this rank joins is computed:
+    /// `None` opts out and returns `Ok(None)`.
+    pub fn split_maybe(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         let n = self.nranks();
         let mine = [
             color.map_or(u64::MAX, u64::from),
@@ -439,12 +528,14 @@ impl Communicator {
         let text = std::str::from_utf8(&rec[..end])
             .map_err(|_| Error::Protocol("split: bad id record".into()))?;
         let id: UniqueId = text.parse()?;
-        Communicator::init_with(
+        let world = members.iter().map(|m| self.inner.world[m.1]).collect();
+        Communicator::init_in(
             &id,
             new_rank,
             members.len(),
             self.inner.config.clone(),
             self.inner.transports.clone(),
+            world,
         )
         .map(Some)
     }
@@ -470,13 +561,14 @@ impl Communicator {
     /// Queue `f` on the worker thread; it runs in issue order.
     pub(crate) fn submit<R: Send + 'static>(
         &self,
+        call: &'static str,
         f: impl FnOnce(&Inner, &mut State) -> Result<R> + Send + 'static,
     ) -> Work<R> {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         self.inner
             .worker
-            .submit(move || inner.run_ticket(ticket, f))
+            .submit(call, move || inner.run_ticket(ticket, f))
     }
 }
 
@@ -489,7 +581,10 @@ impl Inner {
             return;
         }
         crate::sys::signal(self.abort_fd.as_raw_fd());
-        self.set_poison(Error::Aborted { by: None });
+        self.set_poison(Error::Aborted {
+            by: None,
+            world_by: None,
+        });
         // Wake calls waiting for their turn.
         let _t = self.turn.lock().unwrap();
         self.turn_cv.notify_all();
@@ -519,7 +614,10 @@ impl Inner {
         let mut t = self.turn.lock().unwrap();
         while *t != ticket {
             if self.aborted.load(Ordering::Acquire) {
-                return Err(self.poisoned().unwrap_or(Error::Aborted { by: None }));
+                return Err(self.poisoned().unwrap_or(Error::Aborted {
+                    by: None,
+                    world_by: None,
+                }));
             }
             self.turn_waiters.fetch_add(1, Ordering::Relaxed);
             t = self.turn_cv.wait(t).unwrap();
@@ -539,7 +637,8 @@ impl Inner {
             Some(e) => Err(e),
             None => {
                 let mut st = self.state.lock().unwrap();
-                let r = f(self, &mut st);
+                // Errors leave in the job's numbering too.
+                let r = f(self, &mut st).map_err(|e| e.in_world(&self.world, &self.peers));
                 if let Err(e) = &r {
                     if !e.is_local() {
                         st.net.close_all();
@@ -569,7 +668,8 @@ impl Inner {
         direct: bool,
     ) -> Result<()> {
         let seq = if fp.kind == Kind::P2p {
-            0
+            st.p2p_calls += 1;
+            st.p2p_calls - 1
         } else {
             st.seq += 1;
             st.seq - 1
@@ -655,51 +755,6 @@ impl Inner {
     /// Elements per pipelined chunk for `dtype`.
     pub(crate) fn chunk_elems(&self, dtype: DataType) -> usize {
         (self.config.chunk_bytes / dtype.size()).max(1)
-    }
-
-    /// Assign per-operation sequence numbers to a point-to-point group.
-    pub(crate) fn p2p_numbers(
-        &self,
-        st: &mut State,
-        ops: &[algorithms::P2pStep],
-        sched: &Schedule,
-        dtype: DataType,
-    ) -> Vec<(u64, Fingerprint)> {
-        // Map each schedule step to the group op it came from: p2p() emits
-        // the ops' messages in op order.
-        let mut per_op = Vec::with_capacity(ops.len());
-        for op in ops {
-            let (seq, fp) = match *op {
-                algorithms::P2pStep::Send { peer, len, .. } => {
-                    st.p2p_sent[peer] += 1;
-                    (
-                        st.p2p_sent[peer] - 1,
-                        Fingerprint::new(Kind::P2p, dtype, len).with_root(peer),
-                    )
-                }
-                algorithms::P2pStep::Recv { peer, len, .. } => {
-                    st.p2p_recvd[peer] += 1;
-                    (
-                        st.p2p_recvd[peer] - 1,
-                        Fingerprint::new(Kind::P2p, dtype, len).with_root(peer),
-                    )
-                }
-            };
-            let msgs = match *op {
-                algorithms::P2pStep::Send { len, .. } | algorithms::P2pStep::Recv { len, .. } => {
-                    len.div_ceil(self.chunk_elems(dtype)).max(1)
-                }
-            };
-            per_op.push((seq, fp, msgs));
-        }
-        let mut v = Vec::with_capacity(sched.steps.len());
-        for (seq, fp, msgs) in per_op {
-            for _ in 0..msgs {
-                v.push((seq, fp));
-            }
-        }
-        debug_assert_eq!(v.len(), sched.steps.len());
-        v
     }
 }
 

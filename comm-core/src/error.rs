@@ -9,22 +9,35 @@ use std::time::Duration;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Why an operation failed.
+///
+/// Errors are data: every variant that blames a rank carries it twice —
+/// `rank` (or `peer`) in this communicator's numbering and `world_rank` in
+/// the numbering of the communicator it was split from, transitively (the
+/// job's ranks; equal to `rank` on a top-level communicator) — and every
+/// error of a call names the call and its sequence number (`during`).
+/// New variants may come: match with a wildcard arm.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum Error {
     /// Bad arguments, caught before any communication (nothing was sent).
     InvalidArgument(String),
     /// A peer process died or closed its connections.
     PeerLost {
-        /// The rank that was lost.
+        /// The rank that was lost (this communicator's numbering).
         rank: usize,
+        /// The same rank in the job's numbering.
+        world_rank: usize,
         /// Its host name as it reported at bootstrap.
         host: String,
+        /// Its process id as it reported at bootstrap (0: unknown).
+        pid: u32,
         /// The call during which the loss was seen (`all_reduce #12`).
         during: String,
         /// How it was noticed.
         detail: String,
     },
-    /// A wait passed the communicator's deadline.
+    /// A wait passed its deadline (the communicator's timeout, or the
+    /// call's own).
     Timeout {
         /// The call that timed out.
         during: String,
@@ -32,14 +45,35 @@ pub enum Error {
         waiting_for: String,
         /// The deadline that elapsed.
         after: Duration,
+        /// The rank found responsible (the end of the chain of waits), when
+        /// one was found; this rank's own number when it was the late one.
+        rank: Option<usize>,
+        /// The same rank in the job's numbering.
+        world_rank: Option<usize>,
+    },
+    /// Ranks wait for each other in a cycle (each blocked on the next, as
+    /// when two ranks both receive before they send): a deadlock in the
+    /// program's order of calls, found when the waits timed out.
+    WaitCycle {
+        /// The call this rank was in.
+        during: String,
+        /// The ranks of the cycle, in wait order (each waits for the next,
+        /// the last for the first).
+        ranks: Vec<usize>,
+        /// The same ranks in the job's numbering.
+        world_ranks: Vec<usize>,
+        /// How long the waits lasted.
+        after: Duration,
     },
     /// Ranks called different collectives (or with different arguments) at
     /// the same position in their sequence.
     Mismatch {
-        /// What this rank called.
+        /// What this rank called (with its sequence number).
         local: String,
         /// The rank that disagreed.
         peer: usize,
+        /// The same rank in the job's numbering.
+        world_peer: usize,
         /// What that rank called.
         remote: String,
     },
@@ -48,11 +82,17 @@ pub enum Error {
     Aborted {
         /// The rank whose abort caused this, if not this one.
         by: Option<usize>,
+        /// The same rank in the job's numbering.
+        world_by: Option<usize>,
     },
     /// Another rank failed and told everyone why.
     Remote {
         /// The rank that reported the failure.
         rank: usize,
+        /// The same rank in the job's numbering.
+        world_rank: usize,
+        /// This rank's call when it heard.
+        during: String,
         /// Its error, as text.
         message: String,
     },
@@ -65,7 +105,9 @@ pub enum Error {
     Transport {
         /// The peer of the failing link.
         peer: usize,
-        /// The failure.
+        /// The same rank in the job's numbering.
+        world_peer: usize,
+        /// The failure (naming the call).
         detail: String,
     },
     /// Bytes from a peer did not follow the protocol.
@@ -92,13 +134,86 @@ impl Error {
         matches!(self, Error::InvalidArgument(_) | Error::Unsupported(_))
     }
 
-    /// The rank this error blames, where there is one.
+    /// The rank this error blames (this communicator's numbering), where
+    /// there is one. A wait cycle blames no single rank: `None`.
     pub fn blamed_rank(&self) -> Option<usize> {
         match self {
             Error::PeerLost { rank, .. } | Error::Remote { rank, .. } => Some(*rank),
             Error::Mismatch { peer, .. } | Error::Transport { peer, .. } => Some(*peer),
-            Error::Aborted { by } => *by,
+            Error::Timeout { rank, .. } => *rank,
+            Error::Aborted { by, .. } => *by,
             _ => None,
+        }
+    }
+
+    /// The rank this error blames in the job's numbering (see the type's
+    /// docs), where there is one.
+    pub fn blamed_world_rank(&self) -> Option<usize> {
+        match self {
+            Error::PeerLost { world_rank, .. } | Error::Remote { world_rank, .. } => {
+                Some(*world_rank)
+            }
+            Error::Mismatch { world_peer, .. } | Error::Transport { world_peer, .. } => {
+                Some(*world_peer)
+            }
+            Error::Timeout { world_rank, .. } => *world_rank,
+            Error::Aborted { world_by, .. } => *world_by,
+            _ => None,
+        }
+    }
+
+    /// Fill in what only the communicator knows: the job's numbering of
+    /// every rank this error names (`world[rank]`), and the host and pid of
+    /// a lost peer (`peers[rank]`). Errors are built inside a call with
+    /// `world_* == rank`; the communicator maps them once, on their way out.
+    pub(crate) fn in_world(mut self, world: &[usize], peers: &[crate::PeerInfo]) -> Error {
+        let w = |r: usize| world.get(r).copied().unwrap_or(r);
+        match &mut self {
+            Error::PeerLost {
+                rank,
+                world_rank,
+                host,
+                pid,
+                ..
+            } => {
+                *world_rank = w(*rank);
+                if let Some(p) = peers.get(*rank) {
+                    if host.is_empty() {
+                        host.clone_from(&p.hostname);
+                    }
+                    *pid = p.pid;
+                }
+            }
+            Error::Timeout {
+                rank, world_rank, ..
+            } => *world_rank = rank.map(w),
+            Error::WaitCycle {
+                ranks, world_ranks, ..
+            } => *world_ranks = ranks.iter().map(|r| w(*r)).collect(),
+            Error::Mismatch {
+                peer, world_peer, ..
+            }
+            | Error::Transport {
+                peer, world_peer, ..
+            } => *world_peer = w(*peer),
+            Error::Aborted { by, world_by } => *world_by = by.map(w),
+            Error::Remote {
+                rank, world_rank, ..
+            } => *world_rank = w(*rank),
+            _ => {}
+        }
+        self
+    }
+}
+
+/// `rank 1 (world rank 3)`, or `rank 1` where the two agree.
+struct Who(usize, usize);
+
+impl fmt::Display for Who {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Who(r, w) if r == w => write!(f, "rank {r}"),
+            Who(r, w) => write!(f, "rank {r} (world rank {w})"),
         }
     }
 }
@@ -107,28 +222,100 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::InvalidArgument(m) => write!(f, "invalid argument: {m}"),
-            Error::PeerLost { rank, host, during, detail } => write!(
-                f,
-                "rank {rank} (host {host}) was lost during {during}: {detail}; \
-                 check that process's own output and exit status (crash, OOM kill, signal) and the network between the hosts"
-            ),
-            Error::Timeout { during, waiting_for, after } => write!(
+            Error::PeerLost {
+                rank,
+                world_rank,
+                host,
+                pid,
+                during,
+                detail,
+            } => {
+                write!(f, "{} (host {host}", Who(*rank, *world_rank))?;
+                if *pid != 0 {
+                    write!(f, ", pid {pid}")?;
+                }
+                write!(
+                    f,
+                    ") was lost during {during}: {detail}; \
+                     check that process's own output and exit status (crash, OOM kill, signal) and the network between the hosts"
+                )
+            }
+            Error::Timeout {
+                during,
+                waiting_for,
+                after,
+                ..
+            } => write!(
                 f,
                 "{during} timed out after {:.1}s waiting for {waiting_for}; \
                  a rank may be stuck, stopped or calling collectives in a different order (raise OXCCL_TIMEOUT if the job is just slow)",
                 after.as_secs_f64()
             ),
-            Error::Mismatch { local, peer, remote } => write!(
+            Error::WaitCycle {
+                during,
+                ranks,
+                world_ranks,
+                after,
+            } => {
+                let chain: Vec<String> = ranks.iter().map(|r| r.to_string()).collect();
+                write!(
+                    f,
+                    "{during} is in a wait cycle: ranks {} wait for each other ({} -> {}), none can proceed \
+                     (for {:.1}s); a deadlock in the order of calls, e.g. two ranks that both receive before they send \
+                     (post the receive with recv_async, or put both in one group)",
+                    chain.join(", "),
+                    chain.join(" -> "),
+                    chain.first().map_or("", |s| s.as_str()),
+                    after.as_secs_f64()
+                )?;
+                if world_ranks != ranks {
+                    write!(f, "; world ranks {world_ranks:?}")?;
+                }
+                Ok(())
+            }
+            Error::Mismatch {
+                local,
+                peer,
+                world_peer,
+                remote,
+            } => write!(
                 f,
-                "collective mismatch: this rank called {local} while rank {peer} called {remote}; \
-                 every rank must issue the same collectives with the same arguments in the same order"
+                "collective mismatch: this rank called {local} while {} called {remote}; \
+                 every rank must issue the same collectives with the same arguments in the same order",
+                Who(*peer, *world_peer)
             ),
-            Error::Aborted { by: None } => write!(f, "communicator aborted by abort() on this rank"),
-            Error::Aborted { by: Some(r) } => write!(f, "communicator aborted by rank {r}"),
-            Error::Remote { rank, message } => write!(f, "rank {rank} failed: {message}"),
+            Error::Aborted { by: None, .. } => {
+                write!(f, "communicator aborted by abort() on this rank")
+            }
+            Error::Aborted {
+                by: Some(r),
+                world_by,
+            } => write!(
+                f,
+                "communicator aborted by {}",
+                Who(*r, world_by.unwrap_or(*r))
+            ),
+            Error::Remote {
+                rank,
+                world_rank,
+                during,
+                message,
+            } => write!(
+                f,
+                "{} failed (this rank was in {during}): {message}",
+                Who(*rank, *world_rank)
+            ),
             Error::Bootstrap(m) => write!(f, "bootstrap failed: {m}"),
             Error::Handshake(m) => write!(f, "handshake rejected: {m}"),
-            Error::Transport { peer, detail } => write!(f, "transport to rank {peer} failed: {detail}"),
+            Error::Transport {
+                peer,
+                world_peer,
+                detail,
+            } => write!(
+                f,
+                "transport to {} failed: {detail}",
+                Who(*peer, *world_peer)
+            ),
             Error::Protocol(m) => write!(f, "protocol violation: {m}"),
             Error::Config(m) => write!(f, "configuration error: {m}"),
             Error::System(m) => write!(

@@ -162,6 +162,12 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         Notice::Stalled {
             rank: 3,
             detail: "stopped".into(),
+            after_ms: 1000,
+        },
+        Notice::Cycle {
+            ranks: vec![1, 2],
+            detail: "ranks [1, 2] wait for each other".into(),
+            after_ms: 1000,
         },
     ] {
         wire::write_frame(&mut stream, &n.encode_frame()).unwrap();

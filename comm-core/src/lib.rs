@@ -7,6 +7,8 @@
 //!
 //! It knows no concrete transport: the `oxccl` facade passes them in.
 
+#![warn(missing_debug_implementations)]
+
 pub use algorithms;
 /// Schedules live in the `algorithms` crate (no runtime); re-exported.
 pub use algorithms::schedule;
@@ -20,6 +22,7 @@ pub mod control;
 pub mod error;
 pub mod exec;
 pub mod fuzz;
+pub mod group;
 pub mod mem;
 pub mod sys;
 pub mod transport;
@@ -32,11 +35,11 @@ pub use control::{bootstrap, env, handshake, id};
 pub use exec as executor;
 pub use transport::{door, net};
 
-pub use api::P2p;
 pub use comm::Communicator;
 pub use compute::{Compute, HostCompute};
 pub use config::Config;
 pub use error::{Error, Result};
+pub use group::Group;
 pub use id::UniqueId;
 pub use kernels::{bf16, f16};
 pub use mem::{

@@ -3,7 +3,9 @@
 use kernels::{bf16, f16, Scalar};
 use std::fmt;
 
-/// The element type of a buffer (`ncclDataType_t`).
+/// The element type of a buffer (`ncclDataType_t`). The discriminants
+/// are NCCL's numeric codes (`DataType::F32 as u8 == ncclFloat32 == 7`),
+/// which are also the wire codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum DataType {
@@ -14,13 +16,13 @@ pub enum DataType {
     I64 = 4,
     U64 = 5,
     F16 = 6,
-    Bf16 = 7,
-    F32 = 8,
-    F64 = 9,
+    F32 = 7,
+    F64 = 8,
+    Bf16 = 9,
 }
 
 impl DataType {
-    /// Every data type, in wire-code order.
+    /// Every data type, in code order (`ALL[code]` has that code).
     pub const ALL: [DataType; 10] = [
         DataType::I8,
         DataType::U8,
@@ -29,10 +31,15 @@ impl DataType {
         DataType::I64,
         DataType::U64,
         DataType::F16,
-        DataType::Bf16,
         DataType::F32,
         DataType::F64,
+        DataType::Bf16,
     ];
+
+    /// NCCL's code (`ncclDataType_t`).
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
 
     /// Bytes per element.
     pub const fn size(self) -> usize {
@@ -52,7 +59,7 @@ impl DataType {
         )
     }
 
-    /// Decode the one-byte wire code.
+    /// The type of an NCCL code (`ncclDataType_t`; the wire code).
     pub fn from_code(c: u8) -> Option<DataType> {
         DataType::ALL.get(c as usize).copied()
     }
@@ -108,26 +115,33 @@ impl fmt::Display for DataType {
 }
 
 /// A reduction operator (`ncclRedOp_t`). `Avg` is the sum divided by the
-/// number of ranks; integers truncate toward zero like NCCL.
+/// number of ranks; integers truncate toward zero like NCCL. The
+/// discriminants are NCCL's codes (`ReduceOp::Max as u8 == ncclMax == 2`),
+/// which are also the wire codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum ReduceOp {
     Sum = 0,
     Prod = 1,
-    Min = 2,
-    Max = 3,
+    Max = 2,
+    Min = 3,
     Avg = 4,
 }
 
 impl ReduceOp {
-    /// Every operator, in wire-code order.
+    /// Every operator, in code order (`ALL[code]` has that code).
     pub const ALL: [ReduceOp; 5] = [
         ReduceOp::Sum,
         ReduceOp::Prod,
-        ReduceOp::Min,
         ReduceOp::Max,
+        ReduceOp::Min,
         ReduceOp::Avg,
     ];
+
+    /// NCCL's code (`ncclRedOp_t`).
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
 
     /// The kernel operator that combines two contributions.
     pub const fn kernel_op(self) -> kernels::Op {
@@ -139,7 +153,7 @@ impl ReduceOp {
         }
     }
 
-    /// Decode the one-byte wire code.
+    /// The operator of an NCCL code (`ncclRedOp_t`; the wire code).
     pub fn from_code(c: u8) -> Option<ReduceOp> {
         ReduceOp::ALL.get(c as usize).copied()
     }

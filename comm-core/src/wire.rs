@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use std::io::{Read, Write};
 
 /// A cursor over received bytes.
+#[derive(Debug)]
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,

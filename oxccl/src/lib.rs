@@ -20,17 +20,26 @@
 //! # Ok::<(), oxccl::Error>(())
 //! ```
 
+#![warn(missing_debug_implementations)]
+
 pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
 pub use comm_core::{algorithms, schedule, transport};
 pub use comm_core::{
-    bf16, f16, Buffer, BufferMut, Communicator, Compute, Config, DataType, DeviceKind, Element,
-    Error, HostCompute, MemoryRegistration, MemorySpace, P2p, PeerInfo, ReduceOp, Region, Result,
-    SharedBuffer, UniqueId, Work,
+    as_bytes, as_bytes_mut, bf16, f16, Buffer, BufferMut, Compute, Config, DataType, DeviceKind,
+    Element, Error, Group, HostCompute, MemoryRegistration, MemorySpace, PeerInfo, ReduceOp,
+    Region, Result, SharedBuffer, UniqueId, Work,
 };
 
+/// The engine's communicator type, without this crate's constructors
+/// (what [`Communicator`] dereferences to).
+pub use comm_core::Communicator as CoreCommunicator;
+
+mod communicator;
 pub mod launch;
 pub mod selftest;
+
+pub use communicator::Communicator;
 
 /// The connection handshake, for tools and tests that speak to oxccl ports.
 pub use comm_core::handshake as transport_handshake;
@@ -42,10 +51,9 @@ use transport_tcp::TcpTransport;
 
 /// What most programs need: `use oxccl::prelude::*;`.
 pub mod prelude {
-    pub use crate::{init_logging, CommunicatorExt};
+    pub use crate::{init_logging, Communicator};
     pub use comm_core::{
-        Buffer, BufferMut, Communicator, Config, DataType, Element, Error, ReduceOp, Result,
-        UniqueId,
+        Buffer, BufferMut, Config, DataType, Element, Error, ReduceOp, Result, UniqueId, Work,
     };
 }
 
@@ -147,42 +155,6 @@ fn rdma_transport(forced: bool) -> Result<Option<Arc<dyn comm_core::transport::T
         ));
     }
     Ok(None)
-}
-
-/// Constructors that wire concrete transports into `comm-core`'s
-/// [`Communicator`].
-pub trait CommunicatorExt: Sized {
-    /// Join as `rank` of `nranks` (`ncclCommInitRank`), configured from
-    /// `OXCCL_*` variables.
-    fn init(id: &UniqueId, rank: usize, nranks: usize) -> Result<Self>;
-    /// Join with an explicit configuration.
-    fn init_with_config(id: &UniqueId, rank: usize, nranks: usize, config: Config) -> Result<Self>;
-    /// Join as the launcher's environment says (oxrun, torchrun, Open MPI,
-    /// PMI, Slurm; see [`comm_core::env`]).
-    fn from_env() -> Result<Self>;
-}
-
-impl CommunicatorExt for Communicator {
-    fn init(id: &UniqueId, rank: usize, nranks: usize) -> Result<Communicator> {
-        Self::init_with_config(id, rank, nranks, Config::from_env()?)
-    }
-
-    fn init_with_config(
-        id: &UniqueId,
-        rank: usize,
-        nranks: usize,
-        config: Config,
-    ) -> Result<Communicator> {
-        let t = transports(&config)?;
-        Communicator::init_with(id, rank, nranks, config, t)
-    }
-
-    fn from_env() -> Result<Communicator> {
-        let config = Config::from_env()?;
-        let env = launch_env()?;
-        let id = env.root.into_id(env.rank, config.timeout)?;
-        Self::init_with_config(&id, env.rank, env.nranks, config)
-    }
 }
 
 /// Print oxccl's logs to stderr: a global `tracing` subscriber filtered by

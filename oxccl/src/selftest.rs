@@ -302,6 +302,7 @@ fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), 
 
 /// A deterministic generator every rank seeds alike, so all ranks draw the
 /// same sequence of calls.
+#[derive(Debug)]
 pub struct Rng(pub u64);
 
 impl Rng {

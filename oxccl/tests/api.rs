@@ -4,7 +4,6 @@
 mod common;
 use common::*;
 use oxccl::prelude::*;
-use oxccl::P2p;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -53,17 +52,21 @@ fn blocking_send_and_recv_in_any_pair_and_order() {
         let next = (c.rank() + 1) % 3;
         let prev = (c.rank() + 2) % 3;
         let mut got = [0i32; 3];
-        c.group(vec![
-            P2p::Send(&[c.rank() as i32; 3], next),
-            P2p::Recv(&mut got, prev),
-            P2p::Send(&[9, 9, 9], c.rank()),
-            P2p::Recv(&mut me, c.rank()),
-        ])
+        let mine = [c.rank() as i32; 3];
+        c.group(|g| {
+            g.send(&mine, next)?;
+            g.recv(&mut got, prev)?;
+            g.send(&[9, 9, 9], c.rank())?;
+            g.recv(&mut me, c.rank())
+        })
         .unwrap();
         assert_eq!(got, [prev as i32; 3]);
         assert_eq!(me, [9; 3]);
-        c.group(vec![P2p::Send(&[], next), P2p::Recv(&mut empty, prev)])
-            .unwrap();
+        c.group(|g| {
+            g.send::<u8, _>(&[], next)?;
+            g.recv(&mut empty, prev)
+        })
+        .unwrap();
     });
 }
 
@@ -98,13 +101,15 @@ fn split_makes_working_subgroups() {
     with_ranks(5, test_config(), |c| {
         let r = c.rank();
         let color = if r == 4 { None } else { Some((r % 2) as u32) };
-        let sub = c.split(color, -(r as i64)).unwrap();
+        let sub = c.split_maybe(color, -(r as i64)).unwrap();
         match sub {
             None => assert_eq!(r, 4),
             Some(s) => {
                 assert_eq!(s.nranks(), 2);
                 // key = -rank: higher parent rank comes first.
                 assert_eq!(s.rank(), if r >= 2 { 0 } else { 1 });
+                assert_eq!(s.world_rank(), r);
+                assert_eq!(s.world_ranks()[s.rank()], r);
                 let mut v = [r as i32];
                 s.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
                 assert_eq!(v[0], if r % 2 == 0 { 2 } else { 4 });
@@ -190,7 +195,14 @@ fn abort_wakes_every_waiter_and_poisons() {
                     ("queued", (queued_r.map(|_| ()), queued_at)),
                 ] {
                     let e = r.unwrap_err();
-                    assert_eq!(e, Error::Aborted { by: None }, "{what}");
+                    assert_eq!(
+                        e,
+                        Error::Aborted {
+                            by: None,
+                            world_by: None
+                        },
+                        "{what}"
+                    );
                     let took = at.saturating_duration_since(t);
                     // Generous bound (2 cores, 3 threads): the design target is 100 ms.
                     assert!(took < Duration::from_secs(1), "{what} woke after {took:?}");
@@ -201,7 +213,13 @@ fn abort_wakes_every_waiter_and_poisons() {
                 }
             });
             // Later calls fail at once with the original cause.
-            assert_eq!(c.barrier().unwrap_err(), Error::Aborted { by: None });
+            assert_eq!(
+                c.barrier().unwrap_err(),
+                Error::Aborted {
+                    by: None,
+                    world_by: None
+                }
+            );
         } else {
             // Told by the root that rank 0 aborted, before sending anything.
             std::thread::sleep(Duration::from_millis(800));
@@ -209,7 +227,7 @@ fn abort_wakes_every_waiter_and_poisons() {
             assert!(
                 matches!(
                     e,
-                    Error::Aborted { by: Some(0) } | Error::PeerLost { rank: 0, .. }
+                    Error::Aborted { by: Some(0), .. } | Error::PeerLost { rank: 0, .. }
                 ),
                 "{e:?}"
             );
@@ -289,6 +307,7 @@ fn different_collectives_are_a_mismatch_on_every_rank() {
                 local,
                 peer,
                 remote,
+                ..
             } => {
                 assert!(
                     local.contains("collective #0") && remote.contains("collective #0"),

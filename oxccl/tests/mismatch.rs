@@ -34,6 +34,7 @@ fn case(
                 local,
                 peer,
                 remote,
+                ..
             }) => {
                 if c.rank() == ODD {
                     assert!(

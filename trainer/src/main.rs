@@ -7,7 +7,7 @@
 //! trainer --estimate --params 7e9 --ranks 8
 //! ```
 
-use oxccl::{Communicator, CommunicatorExt};
+use oxccl::Communicator;
 use std::io::Write;
 use trainer::data::Corpus;
 use trainer::model::ModelConfig;

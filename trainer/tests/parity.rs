@@ -3,7 +3,7 @@
 //! ranks; gradient accumulation (K = 2) equals the unaccumulated run; and a
 //! stop-and-resume from a checkpoint is bit-identical to an uninterrupted run.
 
-use oxccl::{Communicator, CommunicatorExt, Config, UniqueId};
+use oxccl::{Communicator, Config, UniqueId};
 use std::time::Duration;
 use trainer::data::Corpus;
 use trainer::model::ModelConfig;

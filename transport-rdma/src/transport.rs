@@ -327,6 +327,7 @@ fn slots(pd: &Arc<Pd>, len: usize) -> std::io::Result<Slots> {
 fn connect_pair(setup: &Setup, peer: usize, mut s: TcpStream) -> Result<RdmaLink> {
     let terr = |what: &str, e: std::io::Error| Error::Transport {
         peer,
+        world_peer: peer,
         detail: format!("RDMA setup ({what}) on {}: {e}", setup.dev.name),
     };
     let slot_bytes = setup.slot_bytes;

@@ -57,6 +57,7 @@ impl DirectAccess for ShmDirect {
         }
         let m = MemfdMemory::open(pid, fd, len).map_err(|e| Error::Transport {
             peer,
+            world_peer: peer,
             detail: format!(
                 "cannot map rank {peer}'s shared buffer (/proc/{pid}/fd/{fd}): {e}; registered buffers need all ranks of a host to run as one user"
             ),

@@ -126,6 +126,7 @@ fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
     let ev: Vec<OwnedFd> = fds.collect();
     let map = sys::Mapping::new(&seg, 2 * (HEADER + cap)).map_err(|e| Error::Transport {
         peer: hello.from as usize,
+        world_peer: hello.from as usize,
         detail: format!("mmap: {e}"),
     })?;
     s.write_all(&[1])
@@ -133,6 +134,7 @@ fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
     // Ring 0 carries connector -> acceptor, ring 1 the other way.
     let link = ShmLink::new(map, cap, s, 1, ev).map_err(|e| Error::Transport {
         peer: hello.from as usize,
+        world_peer: hello.from as usize,
         detail: e.to_string(),
     })?;
     Ok((hello.from as usize, Box::new(link)))
@@ -198,10 +200,12 @@ fn dial(
     let len = 2 * (HEADER + cap);
     let seg = sys::memfd(len).map_err(|e| Error::Transport {
         peer,
+        world_peer: peer,
         detail: format!("memfd: {e}"),
     })?;
     let map = sys::Mapping::new(&seg, len).map_err(|e| Error::Transport {
         peer,
+        world_peer: peer,
         detail: format!("mmap: {e}"),
     })?;
     let ev: Vec<OwnedFd> = (0..4)
@@ -209,12 +213,14 @@ fn dial(
         .collect::<std::io::Result<_>>()
         .map_err(|e| Error::Transport {
             peer,
+            world_peer: peer,
             detail: format!("eventfd: {e}"),
         })?;
     let mut fds: Vec<RawFd> = vec![seg.as_raw_fd()];
     fds.extend(ev.iter().map(|f| f.as_raw_fd()));
     sys::send_fds(&s, &(cap as u64).to_le_bytes(), &fds).map_err(|e| Error::Transport {
         peer,
+        world_peer: peer,
         detail: format!("sending the segment: {e}"),
     })?;
     let mut ack = [0u8; 1];
@@ -223,6 +229,7 @@ fn dial(
     drop(seg); // the mappings keep the memory alive; nothing is named
     ShmLink::new(map, cap, s, 0, ev).map_err(|e| Error::Transport {
         peer,
+        world_peer: peer,
         detail: e.to_string(),
     })
 }

@@ -13,7 +13,7 @@ const BLOCK_BYTES: usize = 256 << 10;
 const MAX_STACK_SRCS: usize = 32;
 
 /// The CPU engine (host and registered host memory).
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct HostCompute {
     /// Temporary block for reductions that write one of their sources;
     /// kept between calls (a warm communicator allocates nothing).

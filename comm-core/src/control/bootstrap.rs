@@ -66,8 +66,20 @@ pub enum Notice {
         waits_on: u32,
     },
     /// The root's verdict after timeouts: `rank` is the one everybody
-    /// (directly or through others) was waiting for.
-    Stalled { rank: usize, detail: String },
+    /// (directly or through others) was waiting for; the reporters had
+    /// waited `after_ms`.
+    Stalled {
+        rank: usize,
+        detail: String,
+        after_ms: u64,
+    },
+    /// The root's verdict after timeouts: `ranks` wait for each other in a
+    /// cycle (each for the next, the last for the first).
+    Cycle {
+        ranks: Vec<usize>,
+        detail: String,
+        after_ms: u64,
+    },
 }
 
 /// Longest text a notice carries (bounds the decoder).
@@ -120,10 +132,28 @@ impl Notice {
                 v.put_u64(*after_ms);
                 v.put_u32(*waits_on);
             }
-            Notice::Stalled { rank, detail } => {
+            Notice::Stalled {
+                rank,
+                detail,
+                after_ms,
+            } => {
                 v.put_u8(5);
                 v.put_u32(*rank as u32);
                 v.put_str(detail);
+                v.put_u64(*after_ms);
+            }
+            Notice::Cycle {
+                ranks,
+                detail,
+                after_ms,
+            } => {
+                v.put_u8(6);
+                v.put_u32(ranks.len() as u32);
+                v.put_str(detail);
+                v.put_u64(*after_ms);
+                for r in ranks {
+                    v.put_u32(*r as u32);
+                }
             }
         }
         v
@@ -153,7 +183,26 @@ impl Notice {
                 after_ms: r.u64()?,
                 waits_on: r.u32()?,
             }),
-            5 => Ok(Notice::Stalled { rank, detail: text }),
+            5 => Ok(Notice::Stalled {
+                rank,
+                detail: text,
+                after_ms: r.u64()?,
+            }),
+            6 => {
+                // `rank` is the cycle's length here.
+                if rank == 0 || rank > MAX_RANKS {
+                    return Err(Error::Protocol(format!("a wait cycle of {rank} ranks")));
+                }
+                let after_ms = r.u64()?;
+                let ranks = (0..rank)
+                    .map(|_| r.u32().map(|x| x as usize))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Notice::Cycle {
+                    ranks,
+                    detail: text,
+                    after_ms,
+                })
+            }
             k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
         }
     }
@@ -525,7 +574,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
     let mut relayed_failure = false;
     // Timeouts are collected for a moment, then answered with a verdict
     // naming the rank everybody waits for (a stopped or hung process).
-    let mut stalls: Vec<(usize, u32)> = Vec::new();
+    let mut stalls: Vec<Stall> = Vec::new();
     let mut stall_window: Option<Instant> = None;
     while gone.iter().any(|g| !g) {
         let ev = match stall_window {
@@ -601,13 +650,21 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             }
             Event::Abort {
                 rank,
-                notice: Notice::Timeout {
-                    origin, waits_on, ..
-                },
+                notice:
+                    Notice::Timeout {
+                        origin,
+                        waits_on,
+                        after_ms,
+                        ..
+                    },
                 ..
             } => {
                 let _ = rank;
-                stalls.push((origin, waits_on));
+                stalls.push(Stall {
+                    origin,
+                    waits_on,
+                    after_ms,
+                });
                 stall_window.get_or_insert_with(|| Instant::now() + STALL_WINDOW);
                 continue;
             }
@@ -640,31 +697,62 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
 /// How long the root collects timeout reports before naming the culprit.
 const STALL_WINDOW: Duration = Duration::from_millis(300);
 
-/// The rank at the end of the "waits for" chain of timed-out ranks: the one
-/// that did not itself report waiting (a stopped or hung process).
-fn stall_verdict(stalls: &[(usize, u32)]) -> Notice {
-    let waits = |r: usize| stalls.iter().find(|(o, _)| *o == r).map(|(_, w)| *w);
-    let (first, mut target) = stalls[0];
-    let mut seen = vec![first];
-    while let Some(next) = waits(target as usize).filter(|w| *w != u32::MAX) {
-        if seen.contains(&(target as usize)) {
-            break; // a cycle: everyone waits for everyone; name the first target
-        }
-        seen.push(target as usize);
-        target = next;
-    }
-    let reporters: Vec<usize> = stalls.iter().map(|(o, _)| *o).collect();
-    if target == u32::MAX {
+/// One rank's timeout report: it waited `after_ms` for `waits_on`
+/// (`u32::MAX`: unknown).
+#[derive(Clone, Copy, Debug)]
+struct Stall {
+    origin: usize,
+    waits_on: u32,
+    after_ms: u64,
+}
+
+/// The verdict on a set of timeout reports. Following "waits for" from the
+/// first reporter ends either at a rank that did not report waiting (a
+/// stopped or hung process: `Stalled`), or back at a rank already on the
+/// path (a true deadlock between the ranks of that loop: `Cycle`).
+fn stall_verdict(stalls: &[Stall]) -> Notice {
+    let waits = |r: usize| {
+        stalls
+            .iter()
+            .find(|s| s.origin == r)
+            .map(|s| s.waits_on)
+            .filter(|w| *w != u32::MAX)
+            .map(|w| w as usize)
+    };
+    let reporters: Vec<usize> = stalls.iter().map(|s| s.origin).collect();
+    let after_ms = stalls.iter().map(|s| s.after_ms).max().unwrap_or(0);
+    let first = stalls[0].origin;
+    let Some(mut target) = waits(first) else {
         return Notice::Stalled {
             rank: first,
             detail: format!("ranks {reporters:?} timed out"),
+            after_ms,
         };
+    };
+    let mut path = vec![first];
+    loop {
+        if let Some(at) = path.iter().position(|r| *r == target) {
+            let ranks = path[at..].to_vec();
+            return Notice::Cycle {
+                detail: format!(
+                    "ranks {ranks:?} each wait for the next and the last for the first; ranks {reporters:?} timed out"
+                ),
+                ranks,
+                after_ms,
+            };
+        }
+        path.push(target);
+        match waits(target) {
+            Some(next) => target = next,
+            None => break,
+        }
     }
     Notice::Stalled {
-        rank: target as usize,
+        rank: target,
         detail: format!(
             "rank {target} stopped making progress (stopped, hung, or not calling this collective); ranks {reporters:?} timed out waiting for it, directly or through each other"
         ),
+        after_ms,
     }
 }
 

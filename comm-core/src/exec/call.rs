@@ -113,7 +113,9 @@ impl CallCtx<'_> {
     pub(super) fn lost(&mut self, peer: usize, detail: String) -> Error {
         self.explained().unwrap_or_else(|| Error::PeerLost {
             rank: peer,
+            world_rank: peer,
             host: self.host(peer),
+            pid: 0,
             during: self.during.to_string(),
             detail,
         })
@@ -129,6 +131,7 @@ impl CallCtx<'_> {
         if e.kind() == ErrorKind::InvalidData {
             return self.explained().unwrap_or_else(|| Error::Transport {
                 peer,
+                world_peer: peer,
                 detail: format!("{what} during {}: {e}", self.during),
             });
         }
@@ -190,6 +193,7 @@ impl CallCtx<'_> {
                 // Described only now: headers are checked per message.
                 local: super::direct::describe_own(&my_fp, my_seq, self.direct.as_ref()),
                 peer,
+                world_peer: peer,
                 remote: super::direct::describe(&fp, seq, bufs),
             });
         }
@@ -198,6 +202,7 @@ impl CallCtx<'_> {
             return Err(Error::Mismatch {
                 local: self.own(),
                 peer,
+                world_peer: peer,
                 remote: super::direct::describe(&fp, seq, bufs),
             });
         }

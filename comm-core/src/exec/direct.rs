@@ -217,6 +217,7 @@ pub(crate) fn lagging(
                 return Err(Error::Mismatch {
                     local: describe(&fp, seq, ids),
                     peer: k,
+                    world_peer: k,
                     remote: match theirs {
                         Some(t) => describe(&t, their_seq, their_ids),
                         None => "something unreadable".into(),

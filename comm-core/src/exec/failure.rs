@@ -22,8 +22,8 @@ impl std::fmt::Display for CallName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.fp.kind == Kind::P2p {
             // A group's own fingerprint is a placeholder (each message
-            // carries its operation's): name the group, not a fake count.
-            write!(f, "a send/recv group of {}", self.fp.dtype)
+            // carries its operation's): name the call, not a fake count.
+            write!(f, "send/recv #{}", self.seq)
         } else {
             write!(f, "{} #{}", self.fp.kind.name(), self.seq)
         }
@@ -40,7 +40,10 @@ pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
 }
 
 /// Turn a control-plane notice into the error of this rank's call
-/// (`during` names it for messages, `own` describes it for mismatches).
+/// (`during` names it for messages, `own` describes it for mismatches;
+/// `timeout` is what a verdict's reporters waited when it does not say).
+/// Ranks are this communicator's; the communicator maps them to the job's
+/// numbering on the way out (`Error::in_world`).
 pub(crate) fn notice_to_error(
     n: Notice,
     me: usize,
@@ -51,10 +54,12 @@ pub(crate) fn notice_to_error(
     match n {
         Notice::Lost { rank, detail } => Error::PeerLost {
             rank,
+            world_rank: rank,
             host: peers
                 .get(rank)
                 .map(|p| p.hostname.clone())
                 .unwrap_or_default(),
+            pid: peers.get(rank).map_or(0, |p| p.pid),
             during: during.to_string(),
             detail,
         },
@@ -62,11 +67,16 @@ pub(crate) fn notice_to_error(
             origin,
             aborted: true,
             ..
-        } => Error::Aborted { by: Some(origin) },
+        } => Error::Aborted {
+            by: Some(origin),
+            world_by: Some(origin),
+        },
         Notice::Failed {
             origin, message, ..
         } => Error::Remote {
             rank: origin,
+            world_rank: origin,
+            during: during.to_string(),
             message,
         },
         // Every rank reports the disagreement as a mismatch, naming the side
@@ -77,49 +87,77 @@ pub(crate) fn notice_to_error(
             b,
             b_call,
         } => {
-            if me == a || (me != b && own == a_call) {
-                Error::Mismatch {
-                    local: own.to_string(),
-                    peer: b,
-                    remote: b_call,
-                }
+            let (peer, remote) = if me == a || (me != b && own == a_call) {
+                (b, b_call)
             } else if me == b || own == b_call {
-                Error::Mismatch {
-                    local: own.to_string(),
-                    peer: a,
-                    remote: a_call,
-                }
+                (a, a_call)
             } else {
-                Error::Mismatch {
-                    local: own.to_string(),
-                    peer: b,
-                    remote: b_call,
-                }
+                (b, b_call)
+            };
+            Error::Mismatch {
+                local: own.to_string(),
+                peer,
+                world_peer: peer,
+                remote,
             }
         }
         Notice::Timeout {
             origin,
             waiting_for,
             after_ms,
-            ..
-        } => Error::Timeout {
+            waits_on,
+        } => {
+            let rank = (waits_on != u32::MAX).then_some(waits_on as usize);
+            Error::Timeout {
+                during: during.to_string(),
+                waiting_for: format!("{waiting_for} (seen by rank {origin})"),
+                after: Duration::from_millis(after_ms),
+                rank,
+                world_rank: rank,
+            }
+        }
+        Notice::Stalled {
+            rank,
+            detail,
+            after_ms,
+        } => stalled(me, rank, detail, during, Duration::from_millis(after_ms)),
+        Notice::Cycle {
+            ranks, after_ms, ..
+        } => Error::WaitCycle {
             during: during.to_string(),
-            waiting_for: format!("{waiting_for} (seen by rank {origin})"),
+            world_ranks: ranks.clone(),
+            ranks,
             after: Duration::from_millis(after_ms),
         },
-        Notice::Stalled { rank, detail } => Error::Timeout {
-            during: during.to_string(),
-            waiting_for: format!("rank {rank}: {detail}"),
-            after: Duration::ZERO,
-        },
+    }
+}
+
+/// The root's verdict that `rank` is the one everybody waited for. Told to
+/// that rank itself, it says so (the late rank is not "waiting for" anyone).
+fn stalled(me: usize, rank: usize, detail: String, during: &str, after: Duration) -> Error {
+    let waiting_for = if rank == me {
+        format!(
+            "nothing: the others waited for this rank (rank {me}), which was late to {during} \
+             (stopped, slow, or calling collectives in a different order); {detail}"
+        )
+    } else {
+        format!("rank {rank}: {detail}")
+    };
+    Error::Timeout {
+        during: during.to_string(),
+        waiting_for,
+        after,
+        rank: Some(rank),
+        world_rank: Some(rank),
     }
 }
 
 /// This rank timed out waiting for `waits_on` (`waiting_for` in words):
 /// report it to the root, which collects every rank's report for a moment
 /// and names the rank at the end of the chain of waits (a stopped or hung
-/// process), and return that verdict as this call's `Timeout` — so every
-/// survivor names the same culprit, not just its own neighbour.
+/// process), or the ranks of a cycle of waits, and return that verdict as
+/// this call's error — so every survivor names the same culprit, not just
+/// its own neighbour.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn stall_error(
     control: &mut Control,
@@ -144,13 +182,6 @@ pub(crate) fn stall_error(
     let until = Instant::now() + STALL_VERDICT_WAIT;
     while Instant::now() < until {
         match control.poll() {
-            Some(ControlEvent::Notice(Notice::Stalled { rank, detail })) => {
-                return Error::Timeout {
-                    during: during.to_string(),
-                    waiting_for: format!("rank {rank}: {detail}"),
-                    after,
-                };
-            }
             Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
             Some(ControlEvent::RootGone) => break,
             None => {}
@@ -161,6 +192,8 @@ pub(crate) fn stall_error(
         during: during.to_string(),
         waiting_for,
         after,
+        rank: waits_on,
+        world_rank: waits_on,
     }
 }
 
@@ -171,16 +204,17 @@ pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
             rank: *rank,
             detail: detail.clone(),
         }),
-        Error::Aborted { by: None } => Some(Notice::Failed {
+        Error::Aborted { by: None, .. } => Some(Notice::Failed {
             origin: rank,
             aborted: true,
             message: "abort()".into(),
         }),
-        Error::Aborted { by: Some(_) } | Error::Remote { .. } => None,
+        Error::Aborted { by: Some(_), .. } | Error::Remote { .. } => None,
         Error::Mismatch {
             local,
             peer,
             remote,
+            ..
         } => Some(Notice::Mismatch {
             a: rank,
             a_call: local.clone(),
@@ -188,7 +222,7 @@ pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
             b_call: remote.clone(),
         }),
         // Reported to the root by `stall_error` before the call returned.
-        Error::Timeout { .. } => None,
+        Error::Timeout { .. } | Error::WaitCycle { .. } => None,
         Error::InvalidArgument(_) | Error::Unsupported(_) => None,
         other => Some(Notice::Failed {
             origin: rank,

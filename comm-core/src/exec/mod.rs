@@ -67,6 +67,13 @@ pub struct Net {
     scratch_reg: Option<Registration>,
 }
 
+impl std::fmt::Debug for Net {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let links = self.links.iter().filter(|l| l.is_some()).count();
+        f.debug_struct("Net").field("links", &links).finish()
+    }
+}
+
 /// Per-call bookkeeping, kept between calls so that a call allocates
 /// nothing once the communicator has warmed up (small-message latency).
 #[derive(Default)]
@@ -671,7 +678,10 @@ fn execute_with(
                     std::thread::yield_now();
                 }
                 if cx.aborted.load(Ordering::Relaxed) {
-                    return Err(Error::Aborted { by: None });
+                    return Err(Error::Aborted {
+                        by: None,
+                        world_by: None,
+                    });
                 }
                 continue;
             }
@@ -815,7 +825,10 @@ fn wait(
     });
     loop {
         if cx.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted { by: None });
+            return Err(Error::Aborted {
+                by: None,
+                world_by: None,
+            });
         }
         let left = cx.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -867,7 +880,10 @@ fn wait(
         }
         let nf = pollfds.len();
         if pollfds[nf - 1].revents != 0 || cx.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted { by: None });
+            return Err(Error::Aborted {
+                by: None,
+                world_by: None,
+            });
         }
         if pollfds[nf - 2].revents != 0 {
             match cx.control.poll() {
@@ -891,7 +907,10 @@ fn wait(
 /// control plane, and whether the peer's process still exists.
 fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
     if cx.aborted.load(Ordering::Acquire) {
-        return Err(Error::Aborted { by: None });
+        return Err(Error::Aborted {
+            by: None,
+            world_by: None,
+        });
     }
     if Instant::now() >= cx.deadline {
         let (during, own) = (cx.during.to_string(), cx.own());
@@ -915,7 +934,9 @@ fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
     if pid != 0 && crate::sys::process_gone(pid) {
         return Err(Error::PeerLost {
             rank: peer,
+            world_rank: peer,
             host: cx.host(peer),
+            pid,
             during: cx.during.to_string(),
             detail: format!("its process (pid {pid}) no longer exists"),
         });

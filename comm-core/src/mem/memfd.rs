@@ -10,6 +10,7 @@ use std::io::Result;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 /// A mapped memfd; unmapped and closed on drop.
+#[derive(Debug)]
 pub struct MemfdMemory {
     map: Mapping,
     fd: OwnedFd,

@@ -58,6 +58,17 @@ pub struct SharedBuffer<T: Element> {
     _t: PhantomData<T>,
 }
 
+impl<T: Element> std::fmt::Debug for SharedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedBuffer")
+            .field("dtype", &T::DTYPE)
+            .field("len", &self.len)
+            .field("comm", &format_args!("{:#x}", self.comm_id))
+            .field("zero_copy", &self.maps.zero_copy)
+            .finish()
+    }
+}
+
 impl<T: Element> SharedBuffer<T> {
     /// Whether collectives on this buffer read peers' memory directly.
     pub fn is_zero_copy(&self) -> bool {
@@ -104,6 +115,7 @@ fn local_memory(len: usize) -> Result<Box<dyn Mapped>> {
 /// zero-copy sends (see [`Communicator::register_memory`]); unregistered
 /// when dropped.
 #[must_use = "the memory is unregistered when this is dropped"]
+#[derive(Debug)]
 pub struct MemoryRegistration {
     _regs: Vec<Registration>,
 }

@@ -23,6 +23,7 @@ pub fn memfd(name: &std::ffi::CStr, len: usize) -> Result<OwnedFd> {
 }
 
 /// A read-write shared mapping of a whole file; unmapped on drop.
+#[derive(Debug)]
 pub struct Mapping {
     ptr: *mut u8,
     len: usize,

@@ -52,6 +52,7 @@ pub fn accept_until<C: Send + 'static>(
 
 /// A listener's accept thread, stopped when this is dropped (or closed):
 /// what a transport endpoint holds for as long as it accepts peers.
+#[derive(Debug)]
 pub struct Door {
     stop: Arc<AtomicBool>,
 }

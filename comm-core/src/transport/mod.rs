@@ -243,6 +243,30 @@ pub struct Transports {
     pub choose: Arc<Chooser>,
 }
 
+impl std::fmt::Debug for PeerMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerMemory::Mapped(m) => f.debug_tuple("Mapped").field(&m.region()).finish(),
+            PeerMemory::Remote(r) => f.debug_tuple("Remote").field(r).finish(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("region", &self.region)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Transports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.list.iter().map(|t| t.name()).collect();
+        f.debug_struct("Transports").field("list", &names).finish()
+    }
+}
+
 impl Transports {
     /// A set with one transport used for every peer.
     pub fn single(t: Arc<dyn Transport>) -> Transports {
