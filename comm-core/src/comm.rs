@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 /// `Send + Sync`: calls may come from any thread; they run in issue order.
 pub struct Communicator {
     pub(crate) inner: Arc<Inner>,
+    /// The deadline of this handle's calls, when it overrides the
+    /// configured timeout ([`Communicator::with_timeout`]).
+    timeout: Option<Duration>,
 }
 
 pub(crate) struct Inner {
@@ -81,6 +84,10 @@ pub(crate) struct State {
     pub(crate) seq: u64,
     /// Sequence number of the next point-to-point call (send, recv, group).
     p2p_calls: u64,
+    /// Number of the next monitored barrier.
+    monitored: u64,
+    /// The running call's own deadline, when its handle sets one.
+    call_timeout: Option<Duration>,
     /// Shared flag pages of this host's ranks (first `alloc_shared`).
     pub(crate) flags: Option<SyncFlags>,
     /// Shared buffers allocated so far (their ids).
@@ -382,6 +389,8 @@ impl Communicator {
                     schedules: Vec::new(),
                     seq: 0,
                     p2p_calls: 0,
+                    monitored: 0,
+                    call_timeout: None,
                     p2p_sent: vec![0; nranks],
                     p2p_recvd: vec![0; nranks],
                 }),
@@ -399,6 +408,7 @@ impl Communicator {
                 direct,
                 _endpoints: Mutex::new(endpoints),
             }),
+            timeout: None,
         })
     }
 
@@ -549,13 +559,45 @@ impl Communicator {
     pub(crate) fn clone_handle(&self) -> Communicator {
         Communicator {
             inner: self.inner.clone(),
+            timeout: self.timeout,
         }
+    }
+
+    /// A handle on this communicator whose calls each have `timeout` as
+    /// their deadline instead of the configured one (`OXCCL_TIMEOUT`):
+    /// `comm.with_timeout(Duration::from_secs(5)).all_reduce(..)`. The
+    /// deadline runs from when the call starts (after the calls issued
+    /// before it); when it passes, the call fails with `Timeout` naming the
+    /// rank it waited for, and the communicator fails on every rank, as for
+    /// the configured timeout. Handles are cheap; they share everything.
+    pub fn with_timeout(&self, timeout: Duration) -> Communicator {
+        Communicator {
+            inner: self.inner.clone(),
+            timeout: Some(timeout),
+        }
+    }
+
+    /// The deadline of this handle's calls.
+    pub fn timeout(&self) -> Duration {
+        self.timeout.unwrap_or(self.inner.config.timeout)
+    }
+
+    /// Wait until every rank has called `monitored_barrier`, or report
+    /// every rank that did not arrive within `timeout` of the first one
+    /// (`Error::Absent`, the same on every rank that arrived; ranks that
+    /// arrive later get it from their next call). The root of the
+    /// communicator counts the arrivals, so no rank's wait depends on
+    /// another's links (torch's `monitored_barrier`). Slower than
+    /// [`barrier`](Communicator::barrier): for diagnosis and start-up, not
+    /// for every step.
+    pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
+        self.run(move |inner, st| inner.monitored_barrier(st, timeout))
     }
 
     /// Run `f` as the next call in issue order (blocking, this thread).
     pub(crate) fn run<R>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
-        self.inner.run_ticket(ticket, f)
+        self.inner.run_ticket(ticket, self.timeout, f)
     }
 
     /// Queue `f` on the worker thread; it runs in issue order.
@@ -566,9 +608,10 @@ impl Communicator {
     ) -> Work<R> {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
+        let timeout = self.timeout;
         self.inner
             .worker
-            .submit(call, move || inner.run_ticket(ticket, f))
+            .submit(call, move || inner.run_ticket(ticket, timeout, f))
     }
 }
 
@@ -629,6 +672,7 @@ impl Inner {
     pub(crate) fn run_ticket<R>(
         &self,
         ticket: u64,
+        timeout: Option<Duration>,
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
         let turn = self.wait_turn(ticket)?;
@@ -637,6 +681,7 @@ impl Inner {
             Some(e) => Err(e),
             None => {
                 let mut st = self.state.lock().unwrap();
+                st.call_timeout = timeout;
                 // Errors leave in the job's numbering too.
                 let r = f(self, &mut st).map_err(|e| e.in_world(&self.world, &self.peers));
                 if let Err(e) = &r {
@@ -716,6 +761,7 @@ impl Inner {
                 ));
             }
         }
+        let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let mut cx = CallCtx {
             rank: self.rank,
             nranks: self.nranks,
@@ -723,8 +769,8 @@ impl Inner {
             op: fp.op.kernel_op(),
             seq,
             fp,
-            deadline: Instant::now() + self.config.timeout,
-            timeout: self.config.timeout,
+            deadline: Instant::now() + timeout,
+            timeout,
             spin: self.config.spin,
             oversubscribed: self.oversubscribed,
             during,
@@ -737,6 +783,60 @@ impl Inner {
             direct,
         };
         executor::execute(sched, bufs, &mut st.net, &mut cx)
+    }
+
+    /// One monitored barrier (see `Communicator::monitored_barrier`).
+    fn monitored_barrier(&self, st: &mut State, timeout: Duration) -> Result<()> {
+        let number = st.monitored;
+        st.monitored += 1;
+        let during = format!("monitored_barrier #{number}");
+        if self.nranks == 1 {
+            return Ok(());
+        }
+        self.sender.lock().unwrap().arrive(number, timeout);
+        // The root answers within `timeout` of the first arrival (this rank's
+        // at the latest); allow for its latency.
+        let until = Instant::now() + timeout + Duration::from_secs(2);
+        loop {
+            match st.control.poll() {
+                Some(bootstrap::ControlEvent::Released(n)) if n == number => return Ok(()),
+                Some(bootstrap::ControlEvent::Notice(n)) => {
+                    return Err(executor::notice_to_error(
+                        n,
+                        self.rank,
+                        &self.peers,
+                        &during,
+                        &during,
+                    ))
+                }
+                Some(bootstrap::ControlEvent::RootGone) => {
+                    return Err(Error::Bootstrap(format!(
+                        "{during}: the communicator's root went away (its process ended), so arrivals cannot be counted"
+                    )))
+                }
+                Some(bootstrap::ControlEvent::Released(_)) | None => {}
+            }
+            if self.aborted.load(Ordering::Acquire) {
+                return Err(Error::Aborted {
+                    by: None,
+                    world_by: None,
+                });
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(Error::Timeout {
+                    during: during.clone(),
+                    waiting_for: "the root's count of arrivals".into(),
+                    after: timeout,
+                    rank: None,
+                    world_rank: None,
+                });
+            }
+            crate::sys::wait_readable(
+                &[st.control.fd(), self.abort_fd.as_raw_fd()],
+                left.min(Duration::from_millis(100)),
+            );
+        }
     }
 
     /// Copy `src` to `dst` with the compute engine (a group's sends to

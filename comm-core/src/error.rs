@@ -65,6 +65,18 @@ pub enum Error {
         /// How long the waits lasted.
         after: Duration,
     },
+    /// Ranks did not arrive at a monitored barrier in time (see
+    /// `Communicator::monitored_barrier`).
+    Absent {
+        /// The barrier (`monitored_barrier #2`).
+        during: String,
+        /// Every rank that had not arrived when the time was up.
+        ranks: Vec<usize>,
+        /// The same ranks in the job's numbering.
+        world_ranks: Vec<usize>,
+        /// How long the first rank to arrive had waited.
+        after: Duration,
+    },
     /// Ranks called different collectives (or with different arguments) at
     /// the same position in their sequence.
     Mismatch {
@@ -141,6 +153,7 @@ impl Error {
             Error::PeerLost { rank, .. } | Error::Remote { rank, .. } => Some(*rank),
             Error::Mismatch { peer, .. } | Error::Transport { peer, .. } => Some(*peer),
             Error::Timeout { rank, .. } => *rank,
+            Error::Absent { ranks, .. } => ranks.first().copied(),
             Error::Aborted { by, .. } => *by,
             _ => None,
         }
@@ -157,6 +170,7 @@ impl Error {
                 Some(*world_peer)
             }
             Error::Timeout { world_rank, .. } => *world_rank,
+            Error::Absent { world_ranks, .. } => world_ranks.first().copied(),
             Error::Aborted { world_by, .. } => *world_by,
             _ => None,
         }
@@ -188,6 +202,9 @@ impl Error {
                 rank, world_rank, ..
             } => *world_rank = rank.map(w),
             Error::WaitCycle {
+                ranks, world_ranks, ..
+            }
+            | Error::Absent {
                 ranks, world_ranks, ..
             } => *world_ranks = ranks.iter().map(|r| w(*r)).collect(),
             Error::Mismatch {
@@ -272,6 +289,25 @@ impl fmt::Display for Error {
                     write!(f, "; world ranks {world_ranks:?}")?;
                 }
                 Ok(())
+            }
+            Error::Absent {
+                during,
+                ranks,
+                world_ranks,
+                after,
+            } => {
+                write!(
+                    f,
+                    "{during}: ranks {ranks:?} did not arrive within {:.1}s of the first rank",
+                    after.as_secs_f64()
+                )?;
+                if world_ranks != ranks {
+                    write!(f, " (world ranks {world_ranks:?})")?;
+                }
+                write!(
+                    f,
+                    "; they are stuck or slow elsewhere (a hang, a long step, a different order of calls) or dead"
+                )
             }
             Error::Mismatch {
                 local,

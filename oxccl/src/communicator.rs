@@ -5,8 +5,8 @@
 //! depend on it), so the constructors that pick them live here; as inherent
 //! functions of this type they need no trait import. Every call of the
 //! engine's communicator is reached through `Deref`; the calls that create
-//! communicators (`split`, `split_maybe`, `shrink`) are redefined here so
-//! that they return this type too.
+//! communicators or handles (`split`, `split_maybe`, `with_timeout`) are
+//! redefined here so that they return this type too.
 
 use crate::{transports, CoreCommunicator};
 use comm_core::{Config, Result, UniqueId};
@@ -53,6 +53,12 @@ impl Communicator {
     /// [`CoreCommunicator::split_maybe`]: `None` opts out.
     pub fn split_maybe(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         Ok(self.0.split_maybe(color, key)?.map(Communicator))
+    }
+
+    /// A handle whose calls have their own deadline
+    /// ([`CoreCommunicator::with_timeout`]).
+    pub fn with_timeout(&self, timeout: std::time::Duration) -> Communicator {
+        Communicator(self.0.with_timeout(timeout))
     }
 
     /// The engine's communicator.

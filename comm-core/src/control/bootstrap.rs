@@ -28,9 +28,13 @@ use std::time::{Duration, Instant};
 const MSG_REGISTER: u8 = 1;
 const MSG_ABORT: u8 = 2;
 const MSG_GOODBYE: u8 = 3;
+/// A rank arrived at monitored barrier `n` (u64) and waits `ms` (u64).
+const MSG_ARRIVE: u8 = 4;
 const MSG_TABLE: u8 = 10;
 const MSG_REJECT: u8 = 11;
 const MSG_NOTICE: u8 = 12;
+/// Every rank arrived at monitored barrier `n` (u64).
+const MSG_RELEASE: u8 = 13;
 
 /// Most ranks one communicator may have (bounds decoder allocations).
 pub const MAX_RANKS: usize = 1 << 16;
@@ -76,6 +80,13 @@ pub enum Notice {
     /// The root's verdict after timeouts: `ranks` wait for each other in a
     /// cycle (each for the next, the last for the first).
     Cycle {
+        ranks: Vec<usize>,
+        detail: String,
+        after_ms: u64,
+    },
+    /// `ranks` did not arrive at a monitored barrier within `after_ms` of
+    /// the first arrival (`detail` names the barrier).
+    Absent {
         ranks: Vec<usize>,
         detail: String,
         after_ms: u64,
@@ -146,8 +157,17 @@ impl Notice {
                 ranks,
                 detail,
                 after_ms,
+            }
+            | Notice::Absent {
+                ranks,
+                detail,
+                after_ms,
             } => {
-                v.put_u8(6);
+                v.put_u8(if matches!(self, Notice::Cycle { .. }) {
+                    6
+                } else {
+                    7
+                });
                 v.put_u32(ranks.len() as u32);
                 v.put_str(detail);
                 v.put_u64(*after_ms);
@@ -188,19 +208,27 @@ impl Notice {
                 detail: text,
                 after_ms: r.u64()?,
             }),
-            6 => {
-                // `rank` is the cycle's length here.
+            6 | 7 => {
+                // `rank` is the number of ranks listed here.
                 if rank == 0 || rank > MAX_RANKS {
-                    return Err(Error::Protocol(format!("a wait cycle of {rank} ranks")));
+                    return Err(Error::Protocol(format!("a notice listing {rank} ranks")));
                 }
                 let after_ms = r.u64()?;
                 let ranks = (0..rank)
                     .map(|_| r.u32().map(|x| x as usize))
                     .collect::<Result<Vec<_>>>()?;
-                Ok(Notice::Cycle {
-                    ranks,
-                    detail: text,
-                    after_ms,
+                let detail = text;
+                Ok(match kind {
+                    6 => Notice::Cycle {
+                        ranks,
+                        detail,
+                        after_ms,
+                    },
+                    _ => Notice::Absent {
+                        ranks,
+                        detail,
+                        after_ms,
+                    },
                 })
             }
             k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
@@ -283,6 +311,13 @@ enum Event {
         conn: u64,
         rank: usize,
     },
+    /// Arrived at monitored barrier `barrier`, waiting `wait`.
+    Arrive {
+        conn: u64,
+        rank: usize,
+        barrier: u64,
+        wait: Duration,
+    },
     Eof {
         conn: u64,
         rank: usize,
@@ -359,6 +394,10 @@ pub fn parse_control_stream(mut bytes: &[u8]) -> Vec<Result<Notice>> {
         out.push(match r.u8() {
             Ok(MSG_NOTICE) => Notice::decode(&mut r),
             Ok(MSG_TABLE) => decode_table(&mut r).map(|_| Notice::Lost {
+                rank: 0,
+                detail: String::new(),
+            }),
+            Ok(MSG_RELEASE) => r.u64().map(|_| Notice::Lost {
                 rank: 0,
                 detail: String::new(),
             }),
@@ -439,6 +478,18 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
                 let mut r = Reader::new(&f, "control message");
                 let ev = match r.u8() {
                     Ok(MSG_GOODBYE) => Event::Goodbye { conn, rank },
+                    Ok(MSG_ARRIVE) => match (r.u64(), r.u64()) {
+                        (Ok(barrier), Ok(ms)) => Event::Arrive {
+                            conn,
+                            rank,
+                            barrier,
+                            wait: Duration::from_millis(ms),
+                        },
+                        _ => {
+                            tracing::warn!("oxccl root: rank {rank} sent an unreadable arrival");
+                            continue;
+                        }
+                    },
                     Ok(MSG_ABORT) => match r
                         .u8()
                         .ok()
@@ -547,6 +598,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             }
             Event::Eof { conn, rank }
             | Event::Goodbye { conn, rank }
+            | Event::Arrive { conn, rank, .. }
             | Event::Abort { conn, rank, .. } => {
                 if rank < nranks && conns[rank].is_some() && conn_ids[rank] == conn {
                     // A registered rank vanished before the table went out:
@@ -576,19 +628,35 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
     // naming the rank everybody waits for (a stopped or hung process).
     let mut stalls: Vec<Stall> = Vec::new();
     let mut stall_window: Option<Instant> = None;
+    // The monitored barrier in progress, if any.
+    let mut barrier: Option<MonitoredBarrier> = None;
     while gone.iter().any(|g| !g) {
-        let ev = match stall_window {
+        let wake = match (stall_window, barrier.as_ref().map(|b| b.deadline)) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let ev = match wake {
             Some(until) => match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
                 Ok(ev) => ev,
                 Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let verdict = stall_verdict(&stalls);
-                    stalls.clear();
-                    stall_window = None;
-                    let msg = verdict.encode();
-                    for (i, c) in conns.iter_mut().enumerate() {
-                        if !gone[i] {
-                            if let Some(c) = c {
-                                send_to(c, &msg);
+                    let now = Instant::now();
+                    let mut verdicts = Vec::new();
+                    if stall_window.is_some_and(|t| t <= now) {
+                        verdicts.push(stall_verdict(&stalls));
+                        stalls.clear();
+                        stall_window = None;
+                    }
+                    if let Some(b) = barrier.take_if(|b| b.deadline <= now) {
+                        verdicts.push(b.absent());
+                        relayed_failure = true;
+                    }
+                    for v in verdicts {
+                        let msg = v.encode();
+                        for (i, c) in conns.iter_mut().enumerate() {
+                            if !gone[i] {
+                                if let Some(c) = c {
+                                    send_to(c, &msg);
+                                }
                             }
                         }
                     }
@@ -605,6 +673,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             Event::Registered { rank, .. }
             | Event::Abort { rank, .. }
             | Event::Goodbye { rank, .. }
+            | Event::Arrive { rank, .. }
             | Event::Eof { rank, .. } => *rank,
         };
         if claimed >= nranks {
@@ -619,10 +688,39 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
         let (rank, notice) = match ev {
             Event::Goodbye { conn, rank }
             | Event::Eof { conn, rank }
+            | Event::Arrive { conn, rank, .. }
             | Event::Abort { conn, rank, .. }
                 if conn_ids[rank] != conn =>
             {
                 continue; // a rejected stranger, not the rank itself
+            }
+            Event::Arrive {
+                rank,
+                barrier: number,
+                wait,
+                ..
+            } => {
+                let b = barrier.get_or_insert_with(|| MonitoredBarrier {
+                    number,
+                    arrived: vec![false; nranks],
+                    started: Instant::now(),
+                    deadline: Instant::now() + wait,
+                });
+                if b.number != number {
+                    // A rank ahead of or behind the others: it is absent
+                    // from this barrier (and the others from its).
+                    continue;
+                }
+                b.arrived[rank] = true;
+                if b.arrived.iter().all(|a| *a) {
+                    let mut v = vec![MSG_RELEASE];
+                    v.put_u64(number);
+                    for c in conns.iter_mut().flatten() {
+                        send_to(c, &v);
+                    }
+                    barrier = None;
+                }
+                continue;
             }
             Event::Goodbye { rank, .. } => {
                 gone[rank] = true;
@@ -696,6 +794,29 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
 
 /// How long the root collects timeout reports before naming the culprit.
 const STALL_WINDOW: Duration = Duration::from_millis(300);
+
+/// A monitored barrier the root is collecting arrivals for: the deadline
+/// runs from the first arrival.
+struct MonitoredBarrier {
+    number: u64,
+    arrived: Vec<bool>,
+    started: Instant,
+    deadline: Instant,
+}
+
+impl MonitoredBarrier {
+    /// The verdict when the deadline passed: who did not arrive.
+    fn absent(&self) -> Notice {
+        let ranks: Vec<usize> = (0..self.arrived.len())
+            .filter(|r| !self.arrived[*r])
+            .collect();
+        Notice::Absent {
+            detail: format!("monitored_barrier #{}", self.number),
+            ranks,
+            after_ms: self.started.elapsed().as_millis() as u64,
+        }
+    }
+}
 
 /// One rank's timeout report: it waited `after_ms` for `waits_on`
 /// (`u32::MAX`: unknown).
@@ -876,6 +997,15 @@ impl ControlSender {
         self.send(&v);
     }
 
+    /// Tell the root this rank arrived at monitored barrier `number` and
+    /// waits `wait` for the others.
+    pub(crate) fn arrive(&mut self, number: u64, wait: Duration) {
+        let mut v = vec![MSG_ARRIVE];
+        v.put_u64(number);
+        v.put_u64(wait.as_millis() as u64);
+        self.send(&v);
+    }
+
     /// Tell the root this rank leaves normally.
     pub(crate) fn goodbye(&mut self) {
         self.send(&[MSG_GOODBYE]);
@@ -903,6 +1033,8 @@ impl ControlSender {
 /// What the control connection said.
 pub(crate) enum ControlEvent {
     Notice(Notice),
+    /// Every rank arrived at this monitored barrier.
+    Released(u64),
     /// The root went away (its process ended).
     RootGone,
 }
@@ -970,10 +1102,18 @@ impl Control {
             }
             let frame: Vec<u8> = self.buf.drain(..4 + n).skip(4).collect();
             let mut r = Reader::new(&frame, "control notice");
-            if r.u8().ok() == Some(MSG_NOTICE) {
-                if let Ok(n) = Notice::decode(&mut r) {
-                    return Some(ControlEvent::Notice(n));
+            match r.u8().ok() {
+                Some(MSG_NOTICE) => {
+                    if let Ok(n) = Notice::decode(&mut r) {
+                        return Some(ControlEvent::Notice(n));
+                    }
                 }
+                Some(MSG_RELEASE) => {
+                    if let Ok(n) = r.u64() {
+                        return Some(ControlEvent::Released(n));
+                    }
+                }
+                _ => {}
             }
         }
         None

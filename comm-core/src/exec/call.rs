@@ -94,7 +94,7 @@ impl CallCtx<'_> {
         loop {
             match self.control.poll() {
                 Some(ControlEvent::Notice(n)) => return Some(self.notice_error(n)),
-                Some(ControlEvent::RootGone) | None => {}
+                Some(ControlEvent::RootGone | ControlEvent::Released(_)) | None => {}
             }
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {

@@ -121,6 +121,16 @@ pub(crate) fn notice_to_error(
             detail,
             after_ms,
         } => stalled(me, rank, detail, during, Duration::from_millis(after_ms)),
+        Notice::Absent {
+            ranks,
+            detail,
+            after_ms,
+        } => Error::Absent {
+            during: detail,
+            world_ranks: ranks.clone(),
+            ranks,
+            after: Duration::from_millis(after_ms),
+        },
         Notice::Cycle {
             ranks, after_ms, ..
         } => Error::WaitCycle {
@@ -184,7 +194,7 @@ pub(crate) fn stall_error(
         match control.poll() {
             Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
             Some(ControlEvent::RootGone) => break,
-            None => {}
+            Some(ControlEvent::Released(_)) | None => {}
         }
         poll_one(control.fd(), libc::POLLIN, 50);
     }
@@ -222,7 +232,8 @@ pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
             b_call: remote.clone(),
         }),
         // Reported to the root by `stall_error` before the call returned.
-        Error::Timeout { .. } | Error::WaitCycle { .. } => None,
+        // The root told everyone already.
+        Error::Timeout { .. } | Error::WaitCycle { .. } | Error::Absent { .. } => None,
         Error::InvalidArgument(_) | Error::Unsupported(_) => None,
         other => Some(Notice::Failed {
             origin: rank,

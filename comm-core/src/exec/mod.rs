@@ -893,7 +893,8 @@ fn wait(
                     pollfds[nf - 2].fd = -1;
                     tracing::debug!("oxccl: {}", cx.root_gone());
                 }
-                None => {}
+                // Only a monitored barrier waits for releases.
+                Some(ControlEvent::Released(_)) | None => {}
             }
         }
         if pollfds[..nf - 2].iter().any(|p| p.revents != 0) {

@@ -29,6 +29,22 @@ pub fn drain(fd: RawFd) {
     unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
 }
 
+/// Wait until one of `fds` is readable, at most `timeout` (negative fds
+/// are ignored, as by `poll(2)`; an interrupted wait returns early).
+pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: *fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: a valid array of initialised pollfd, alive for the call.
+    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+}
+
 /// Sleep while `*word == expected`, at most `timeout` (spurious and early
 /// returns are normal: callers re-check their condition).
 pub fn futex_wait(word: &AtomicU32, expected: u32, timeout: Duration) {
