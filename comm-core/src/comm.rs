@@ -50,6 +50,11 @@ pub(crate) struct Inner {
     /// communicator made by `init`, the parent's numbers on one made by
     /// `split`. Errors name both.
     pub(crate) world: Vec<usize>,
+    /// The job's secret (a shrunk communicator's is derived from it).
+    secret: Secret,
+    /// Bound at init; hosts the root of the communicator `shrink` makes,
+    /// when this rank is the lowest survivor (once).
+    rescue: Mutex<Option<std::net::TcpListener>>,
     /// More ranks of this communicator on this host than it has cores.
     pub(crate) oversubscribed: bool,
     transports: Transports,
@@ -299,12 +304,17 @@ impl Communicator {
             endpoints.push(t.listen(&ctx)?);
         }
         let (hostname, host_id) = host_identity(config.host_id.as_deref());
+        // Bound now so every rank knows where a shrunk communicator's root
+        // would be, even if this communicator's own root is gone by then.
+        let rescue = std::net::TcpListener::bind((bind_addr, 0))
+            .map_err(|e| Error::Bootstrap(format!("cannot listen on {bind_addr}: {e}")))?;
         let me = PeerInfo {
             rank,
             hostname,
             host_id,
             pid: std::process::id(),
             addrs: endpoints.iter().map(|e| e.address()).collect(),
+            rescue: rescue.local_addr().ok(),
         };
         let (control, peers) =
             bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
@@ -376,6 +386,8 @@ impl Communicator {
                 config,
                 peers,
                 world,
+                secret: *id.secret(),
+                rescue: Mutex::new(Some(rescue)),
                 oversubscribed: local > cores,
                 transports,
                 state: Mutex::new(State {
@@ -548,6 +560,69 @@ impl Communicator {
             world,
         )
         .map(Some)
+    }
+
+    /// After ranks died (or must be left out), build a communicator of the
+    /// others without restarting the job (`ncclCommShrink`): every
+    /// survivor calls it with the same `excluded` ranks (in any order) and
+    /// gets a communicator of `nranks - excluded.len()` ranks, numbered in
+    /// the old order, whose [`world_ranks`](Communicator::world_ranks) keep
+    /// the job's numbers. Works on a failed communicator (after `PeerLost`
+    /// the blamed rank is the one to exclude) and needs nothing of it but
+    /// the peer table: the lowest survivor hosts the new root on a port it
+    /// bound at init, so it works even when the old root died. Survivors
+    /// that disagree on `excluded` get a `Bootstrap` or `Handshake` error,
+    /// not a wrong communicator; this one is left as it was (drop it).
+    pub fn shrink(&self, excluded: &[usize]) -> Result<Communicator> {
+        let (n, me) = (self.nranks(), self.rank());
+        let mut dead = excluded.to_vec();
+        dead.sort_unstable();
+        dead.dedup();
+        if let Some(r) = dead.iter().find(|r| **r >= n) {
+            return Err(Error::invalid(format!(
+                "shrink: rank {r} is not a rank of this {n}-rank communicator"
+            )));
+        }
+        if dead.contains(&me) {
+            return Err(Error::invalid(format!(
+                "shrink: this rank ({me}) is in the list of ranks to exclude"
+            )));
+        }
+        let survivors: Vec<usize> = (0..n).filter(|r| !dead.contains(r)).collect();
+        let new_rank = survivors.iter().position(|r| *r == me).unwrap();
+        let leader = survivors[0];
+        let root = self.inner.peers[leader].rescue.ok_or_else(|| {
+            Error::Bootstrap(format!(
+                "rank {leader} published no address to host a shrunk communicator"
+            ))
+        })?;
+        // Every survivor derives the same secret from the old one and the
+        // excluded set: disagreeing survivors cannot join each other.
+        let hex: String = self
+            .inner
+            .secret
+            .0
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let secret = Secret::derive(&format!("{hex}|shrink|{dead:?}"));
+        if me == leader {
+            let listener = self.inner.rescue.lock().unwrap().take().ok_or_else(|| {
+                Error::invalid(
+                    "shrink: this communicator was already shrunk once; shrink the new one",
+                )
+            })?;
+            bootstrap::spawn_root(listener, secret, self.inner.config.timeout)?;
+        }
+        let world = survivors.iter().map(|r| self.inner.world[*r]).collect();
+        Communicator::init_in(
+            &UniqueId::from_parts(root, secret),
+            new_rank,
+            survivors.len(),
+            self.inner.config.clone(),
+            self.inner.transports.clone(),
+            world,
+        )
     }
 
     fn local_ip(&self) -> std::net::IpAddr {

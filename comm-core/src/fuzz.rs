@@ -116,6 +116,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         host_id: 99,
         pid: 4242,
         addrs: vec![b"10.0.0.7:4000".to_vec(), b"oxccl-shm-7-2-abc".to_vec()],
+        rescue: Some("10.0.0.7:4001".parse().unwrap()),
     };
     let mut reg = vec![1u8];
     reg.put_u32(4);

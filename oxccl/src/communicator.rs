@@ -5,7 +5,8 @@
 //! depend on it), so the constructors that pick them live here; as inherent
 //! functions of this type they need no trait import. Every call of the
 //! engine's communicator is reached through `Deref`; the calls that create
-//! communicators or handles (`split`, `split_maybe`, `with_timeout`) are
+//! communicators or handles (`split`, `split_maybe`, `shrink`,
+//! `with_timeout`) are
 //! redefined here so that they return this type too.
 
 use crate::{transports, CoreCommunicator};
@@ -53,6 +54,11 @@ impl Communicator {
     /// [`CoreCommunicator::split_maybe`]: `None` opts out.
     pub fn split_maybe(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
         Ok(self.0.split_maybe(color, key)?.map(Communicator))
+    }
+
+    /// The survivors' communicator ([`CoreCommunicator::shrink`]).
+    pub fn shrink(&self, excluded: &[usize]) -> Result<Communicator> {
+        self.0.shrink(excluded).map(Communicator)
     }
 
     /// A handle whose calls have their own deadline

@@ -286,3 +286,64 @@ fn ergonomics_debug_and_nccl_codes() {
         assert_eq!(DataType::from_code(d.code()), Some(d));
     }
 }
+
+#[test]
+fn shrink_leaves_out_a_lost_rank_and_the_survivors_compute_exactly() {
+    with_ranks(4, test_config(), |c| {
+        let r = c.rank();
+        c.barrier().unwrap();
+        if r == 2 {
+            return; // leaves (its communicator is dropped)
+        }
+        let e = c
+            .all_reduce_in_place(&mut [1f32; 1 << 16], ReduceOp::Sum)
+            .unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(2), "{e:?}");
+        // Bad lists are argument errors.
+        assert!(matches!(c.shrink(&[r]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.shrink(&[9]), Err(Error::InvalidArgument(_))));
+        let small = c.shrink(&[2, 2]).unwrap();
+        assert_eq!(small.nranks(), 3);
+        assert_eq!(small.rank(), if r < 2 { r } else { r - 1 });
+        assert_eq!(small.world_ranks(), [0, 1, 3]);
+        let mut v = vec![r as f64 + 1.0; 1000];
+        small.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert!(v.iter().all(|x| *x == 1.0 + 2.0 + 4.0));
+        // And it shrinks again: world rank 3 leaves the three.
+        if r == 3 {
+            return;
+        }
+        let e = small
+            .all_reduce_in_place(&mut [1f32; 1 << 16], ReduceOp::Sum)
+            .unwrap_err();
+        assert_eq!(e.blamed_world_rank(), Some(3), "{e:?}");
+        let two = small.shrink(&[e.blamed_rank().unwrap()]).unwrap();
+        assert_eq!(two.world_ranks(), [0, 1]);
+        let mut v = [r as i64];
+        two.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+        assert_eq!(v, [1]);
+    });
+}
+
+#[test]
+fn survivors_that_disagree_on_whom_to_shrink_get_an_error() {
+    let cfg = short(1500);
+    with_ranks(3, cfg, |c| {
+        c.barrier().unwrap();
+        // Ranks 0 and 1 leave out different ranks: no common communicator.
+        let out = match c.rank() {
+            0 => c.shrink(&[2]).map(|_| ()),
+            1 => c.shrink(&[0]).map(|_| ()),
+            _ => return,
+        };
+        let e = out.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Bootstrap(_) | Error::Handshake(_) | Error::Timeout { .. }
+            ),
+            "rank {}: {e:?}",
+            c.rank()
+        );
+    });
+}

@@ -155,6 +155,88 @@ fn sigkill_mode_test(mode: &str, transport: &str) {
     }
 }
 
+/// SIGKILL one rank mid-job; the survivors shrink it away and their new
+/// communicator's all_reduce is exact (the sum of survivors' world ranks).
+fn shrink_after_sigkill(transport: &str, root_on_rank0: bool) {
+    for victim in [0usize, 2] {
+        let n = 4;
+        let mut kids = if root_on_rank0 {
+            // Started as torchrun starts ranks: rank 0 hosts the root, so
+            // killing it kills the old communicator's root too.
+            let port = free_port().to_string();
+            (0..n)
+                .map(|r| {
+                    Command::new(SELFTEST)
+                        .args(["shrink", "4M"])
+                        .env_clear()
+                        .env("RANK", r.to_string())
+                        .env("WORLD_SIZE", n.to_string())
+                        .env("MASTER_ADDR", "127.0.0.1")
+                        .env("MASTER_PORT", &port)
+                        .env("OXCCL_SOCKET_IFNAME", "lo")
+                        .env("OXCCL_TIMEOUT", "60")
+                        .env("OXCCL_TRANSPORT", transport)
+                        .stdout(Stdio::piped())
+                        .stderr(Stdio::null())
+                        .spawn()
+                        .unwrap()
+                })
+                .collect()
+        } else {
+            spawn_mode(n, "shrink", "4M", transport)
+        };
+        let mut readers = common::wait_running(&mut kids);
+        std::thread::sleep(Duration::from_millis(100));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(kids[victim].id() as i32, libc::SIGKILL) };
+        let expect: f64 = (0..n)
+            .filter(|r| *r != victim)
+            .map(|r| r as f64 + 1.0)
+            .sum();
+        for (r, reader) in readers.iter_mut().enumerate() {
+            if r == victim {
+                continue;
+            }
+            let line = reader
+                .find(|l| l.as_ref().map(|l| l.starts_with("SHRUNK")).unwrap_or(true))
+                .expect("a SHRUNK line")
+                .unwrap();
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(f[0], "SHRUNK", "rank {r}: {line}");
+            let new_rank: usize = f[2].parse().unwrap();
+            assert_eq!(new_rank, if r < victim { r } else { r - 1 }, "{line}");
+            assert_eq!(f[3], "3", "{line}");
+            assert_eq!(
+                f[4],
+                victim.to_string(),
+                "rank {r} excluded {}: {line}",
+                f[4]
+            );
+            assert_eq!(f[5].parse::<f64>().unwrap(), expect, "{line}");
+        }
+        for mut k in kids {
+            let status = k.wait().unwrap();
+            let _ = status;
+        }
+        eprintln!("shrink {transport} (root on rank 0: {root_on_rank0}): victim {victim}: survivors shrank and summed {expect}");
+    }
+}
+
+#[test]
+fn shrink_after_sigkill_gives_exact_collectives_shm() {
+    shrink_after_sigkill("shm", false);
+}
+
+#[test]
+fn shrink_after_sigkill_gives_exact_collectives_tcp() {
+    shrink_after_sigkill("tcp", false);
+}
+
+#[test]
+fn shrink_after_sigkill_of_the_rank_hosting_the_root() {
+    shrink_after_sigkill("shm", true);
+}
+
 #[test]
 fn sigkill_mid_all_reduce_is_peer_lost_on_every_survivor_within_5s_tcp() {
     sigkill_test("tcp");

@@ -246,6 +246,7 @@ pub fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
     for a in &p.addrs {
         v.put_blob(a);
     }
+    v.put_str(&p.rescue.map(|a| a.to_string()).unwrap_or_default());
 }
 
 /// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB).
@@ -259,12 +260,20 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
     for _ in 0..n {
         addrs.push(r.blob(4096)?.to_vec());
     }
+    let rescue = match r.string(64)? {
+        t if t.is_empty() => None,
+        t => Some(
+            t.parse()
+                .map_err(|_| Error::Protocol(format!("rank {rank}: bad rescue address {t:?}")))?,
+        ),
+    };
     Ok(PeerInfo {
         rank,
         hostname,
         host_id,
         pid,
         addrs,
+        rescue,
     })
 }
 

@@ -109,16 +109,40 @@ impl CallCtx<'_> {
     }
 
     /// A peer's connection broke: unless the control plane explains it,
-    /// blame the peer.
+    /// blame the peer — unless the peer's process is seen alive and another
+    /// rank's is seen gone (a rank that failed because of a death closes
+    /// its links too; with the root gone, as when it lived in the dead
+    /// process, no notice says so).
     pub(super) fn lost(&mut self, peer: usize, detail: String) -> Error {
-        self.explained().unwrap_or_else(|| Error::PeerLost {
-            rank: peer,
-            world_rank: peer,
-            host: self.host(peer),
+        if let Some(e) = self.explained() {
+            return e;
+        }
+        let me = &self.peers[self.rank];
+        let alive = |r: usize| super::failure::process_alive(me, &self.peers[r]);
+        let (rank, detail) = match alive(peer) {
+            Some(true) => match (0..self.nranks)
+                .filter(|r| *r != self.rank && *r != peer)
+                .find(|r| alive(*r) == Some(false))
+            {
+                Some(dead) => (
+                    dead,
+                    format!(
+                        "its process is gone (rank {peer} closed its connection to this rank, but rank {peer}'s \
+                         process is alive: it failed because of this one)"
+                    ),
+                ),
+                None => (peer, detail),
+            },
+            _ => (peer, detail),
+        };
+        Error::PeerLost {
+            rank,
+            world_rank: rank,
+            host: self.host(rank),
             pid: 0,
             during: self.during.to_string(),
             detail,
-        })
+        }
     }
 
     /// A link call failed. `InvalidData` is the transport's verdict that the

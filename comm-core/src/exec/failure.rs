@@ -207,6 +207,21 @@ pub(crate) fn stall_error(
     }
 }
 
+/// Whether `peer`'s process is alive, as far as `me` can tell: on the same
+/// host by its pid, elsewhere by whether its rescue port (bound for as long
+/// as its communicator lives) still accepts a connection. `None`: unknown.
+pub(crate) fn process_alive(me: &PeerInfo, peer: &PeerInfo) -> Option<bool> {
+    if peer.host_id == me.host_id && peer.pid != 0 {
+        return Some(!crate::sys::process_gone(peer.pid));
+    }
+    let addr = peer.rescue?;
+    match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        Ok(_) => Some(true),
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(false),
+        Err(_) => None,
+    }
+}
+
 /// Map an own error to what the others should hear (None: not ours to tell).
 pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
     match e {

@@ -230,6 +230,9 @@ pub struct PeerInfo {
     pub pid: u32,
     /// One published address per transport of the communicator's set.
     pub addrs: Vec<Vec<u8>>,
+    /// Where this rank would host the root of a communicator shrunk from
+    /// this one, were it the lowest surviving rank (`Communicator::shrink`).
+    pub rescue: Option<std::net::SocketAddr>,
 }
 
 /// Chooses, for one peer, which transport of the set serves it.

@@ -231,6 +231,47 @@ fn main() {
                 }
             }
         }
+        "shrink" => {
+            // all_reduce until a peer is lost, then shrink it away and
+            // check the survivors' communicator: each adds its world rank
+            // plus one, so the sum names exactly who is in it.
+            let bytes = bytes_arg(args.get(1), 16 << 20);
+            let mut buf = vec![1.0f32; bytes / 4];
+            println!("READY {rank} {}", epoch_ms());
+            let mut i = 0u64;
+            let e = loop {
+                if let Err(e) = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+                    break e;
+                }
+                i += 1;
+                if i == 1 {
+                    println!("RUNNING {rank} {}", epoch_ms());
+                }
+            };
+            let Some(dead) = e.blamed_rank() else {
+                println!("DETAIL {rank} {e:?}");
+                std::process::exit(3);
+            };
+            println!("EXCLUDING {rank} {dead}");
+            println!("DETAIL {rank} {e:?}");
+            let small = comm.shrink(&[dead]).unwrap_or_else(|e| fail(e));
+            let mut v = vec![small.world_rank() as f64 + 1.0; 1 << 16];
+            small
+                .all_reduce_in_place(&mut v, ReduceOp::Sum)
+                .unwrap_or_else(|e| fail(e));
+            if v.iter().any(|x| *x != v[0]) {
+                fail(oxccl::Error::invalid(
+                    "shrunk all_reduce differs across elements",
+                ));
+            }
+            println!(
+                "SHRUNK {rank} {} {} {} {}",
+                small.rank(),
+                small.nranks(),
+                dead,
+                v[0]
+            );
+        }
         "soak" => {
             // Random calls, every result checked (same seed on every rank).
             let calls: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
