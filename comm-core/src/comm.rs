@@ -481,6 +481,34 @@ impl Communicator {
         self.inner.poison.lock().unwrap().clone()
     }
 
+    /// Whether the job is failing, without making a call
+    /// (`ncclCommGetAsyncError`): the error that poisoned this
+    /// communicator, or the failure another rank announced since the last
+    /// call (a lost rank, a mismatch, an abort), which then poisons it.
+    /// For a watchdog thread: it never blocks behind a running call (that
+    /// call will see the announcement itself). Errors are in this
+    /// communicator's numbering and the job's, like every error.
+    pub fn async_error(&self) -> Option<Error> {
+        if let Some(e) = self.error() {
+            return Some(e);
+        }
+        let mut st = self.inner.state.try_lock().ok()?;
+        let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() else {
+            return None;
+        };
+        let between = match st.seq {
+            0 => "the time before the first collective".to_string(),
+            s => format!("the time after collective #{}", s - 1),
+        };
+        let e =
+            executor::notice_to_error(n, self.inner.rank, &self.inner.peers, &between, &between)
+                .in_world(&self.inner.world, &self.inner.peers);
+        st.net.close_all();
+        drop(st);
+        self.inner.set_poison(e.clone());
+        Some(e)
+    }
+
     /// Stop everything: every waiting call of this communicator (on any
     /// thread) returns `Error::Aborted` promptly, later calls fail, and the
     /// other ranks are told. Safe to call from any thread, any number of times.

@@ -247,7 +247,11 @@ impl fmt::Display for Error {
                 during,
                 detail,
             } => {
-                write!(f, "{} (host {host}", Who(*rank, *world_rank))?;
+                write!(f, "rank {rank} (")?;
+                if world_rank != rank {
+                    write!(f, "world rank {world_rank}, ")?;
+                }
+                write!(f, "host {host}")?;
                 if *pid != 0 {
                     write!(f, ", pid {pid}")?;
                 }

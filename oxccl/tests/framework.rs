@@ -49,7 +49,7 @@ fn errors_on_a_sub_communicator_name_world_ranks() {
                 assert_eq!(e.blamed_rank(), Some(1));
                 assert_eq!(e.blamed_world_rank(), Some(3));
                 let text = e.to_string();
-                assert!(text.contains("rank 1 (world rank 3"), "{text}");
+                assert!(text.contains("rank 1 (world rank 3, host"), "{text}");
                 assert!(text.contains("all_reduce #0"), "{text}");
                 assert!(
                     text.contains(&format!("pid {}", std::process::id())),
