@@ -15,7 +15,7 @@
 use crate::call::{Fingerprint, Kind};
 use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
-use crate::group::{run_p2p, P2pBatch, P2pOp};
+use crate::group::P2pOp;
 use crate::mem::{Buffer, BufferMut, MemorySpace, Region};
 use crate::types::{DataType, Element, ReduceOp};
 use crate::work::Work;
@@ -398,12 +398,15 @@ impl Communicator {
 
     /// Send `buf` to `peer` (blocks until handed to the transport).
     pub fn send<T: Element, B: Buffer<T> + ?Sized>(&self, buf: &B, peer: usize) -> Result<()> {
-        self.p2p(&[P2pOp {
-            send: true,
-            region: buf.region(),
-            peer,
-            dtype: T::DTYPE,
-        }])
+        self.p2p_blocking(
+            "send",
+            &[P2pOp {
+                send: true,
+                region: buf.region(),
+                peer,
+                dtype: T::DTYPE,
+            }],
+        )
     }
     /// Receive exactly `buf.len()` elements from `peer`.
     pub fn recv<T: Element, B: BufferMut<T> + ?Sized>(
@@ -411,12 +414,15 @@ impl Communicator {
         buf: &mut B,
         peer: usize,
     ) -> Result<()> {
-        self.p2p(&[P2pOp {
-            send: false,
-            region: buf.region_mut(),
-            peer,
-            dtype: T::DTYPE,
-        }])
+        self.p2p_blocking(
+            "recv",
+            &[P2pOp {
+                send: false,
+                region: buf.region_mut(),
+                peer,
+                dtype: T::DTYPE,
+            }],
+        )
     }
     /// Send to one peer and receive from another at the same time (never
     /// deadlocks when both sides call it with each other).
@@ -426,20 +432,23 @@ impl Communicator {
         S: Buffer<T> + ?Sized,
         R: BufferMut<T> + ?Sized,
     {
-        self.p2p(&[
-            P2pOp {
-                send: true,
-                region: send.region(),
-                peer: to,
-                dtype: T::DTYPE,
-            },
-            P2pOp {
-                send: false,
-                region: recv.region_mut(),
-                peer: from,
-                dtype: T::DTYPE,
-            },
-        ])
+        self.p2p_blocking(
+            "send_recv",
+            &[
+                P2pOp {
+                    send: true,
+                    region: send.region(),
+                    peer: to,
+                    dtype: T::DTYPE,
+                },
+                P2pOp {
+                    send: false,
+                    region: recv.region_mut(),
+                    peer: from,
+                    dtype: T::DTYPE,
+                },
+            ],
+        )
     }
 
     /// Send `buf` to `to` and replace its contents with what `from` sends
@@ -454,12 +463,6 @@ impl Communicator {
         self.send_recv(buf, to, &mut incoming, from)?;
         buf.copy_from_slice(&incoming);
         Ok(())
-    }
-
-    /// Check and run a batch of point-to-point operations as one call.
-    fn p2p(&self, ops: &[P2pOp]) -> Result<()> {
-        let batch = P2pBatch::new(self.rank(), self.nranks(), ops)?;
-        self.run(move |inner, st| run_p2p(inner, st, &batch))
     }
 
     // ------------------------------------------------------------ async --
@@ -602,29 +605,23 @@ impl Communicator {
         self.p2p_async(buf, peer, false)
     }
 
-    fn p2p_async<T, B>(&self, mut buf: B, peer: usize, is_send: bool) -> Work<B>
+    fn p2p_async<T, B>(&self, buf: B, peer: usize, is_send: bool) -> Work<B>
     where
         T: Element,
         B: BufferMut<T> + Send + 'static,
     {
         let call = if is_send { "send" } else { "recv" };
-        let (n, me) = (self.nranks(), self.rank());
-        if peer >= n || peer == me {
+        if peer == self.rank() {
             let e = Error::invalid(format!(
-                "async point-to-point peer {peer} must be another rank of 0..{n}"
+                "async point-to-point peer {peer} is this rank itself (use a group to copy to itself)"
             ));
             return Work::done(call, Err(e));
         }
-        self.submit(call, move |inner, st| {
-            // The region is taken here, after the move to the worker.
-            let op = P2pOp {
-                send: is_send,
-                region: buf.region_mut(),
-                peer,
-                dtype: T::DTYPE,
-            };
-            run_p2p(inner, st, &P2pBatch::new(me, n, &[op])?)?;
-            Ok(buf)
+        self.p2p_owned(call, buf, |b| P2pOp {
+            send: is_send,
+            region: b.region_mut(),
+            peer,
+            dtype: T::DTYPE,
         })
     }
 }

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::executor::{self, CallCtx, DirectCtx, Net, SyncFlags};
 use crate::handshake::Secret;
 use crate::id::UniqueId;
+use crate::lane::Lane;
 use crate::mem::shared::SharedMaps;
 use crate::mem::{MemorySpace, Region};
 use crate::schedule::Action;
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     /// (Its position in `algorithms::REGISTRY` plus one; 0: none yet.)
     pub(crate) last_algorithm: AtomicUsize,
     pub(crate) worker: Worker,
+    /// Sends and receives: links and a thread of their own.
+    pub(crate) lane: Lane,
     _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
     /// The endpoints' memory registries (zero-copy sends from
     /// `SharedBuffer`s on transports that have one: RDMA).
@@ -105,9 +108,6 @@ pub(crate) struct State {
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
     schedules: Vec<(CollSpec, Planned)>,
-    /// Point-to-point operations issued per peer, per direction.
-    p2p_sent: Vec<u64>,
-    p2p_recvd: Vec<u64>,
 }
 
 /// Schedules kept per communicator.
@@ -168,30 +168,6 @@ impl State {
 }
 
 impl State {
-    /// Each point-to-point step's (sequence number, fingerprint), for
-    /// `steps` of `chunk`-byte messages and their operations' `fps`. An
-    /// operation's number is its position among the operations between
-    /// this rank and its peer in that direction; all its messages carry it.
-    pub(crate) fn p2p_numbers(
-        &mut self,
-        steps: &[algorithms::P2pStep],
-        fps: &[Fingerprint],
-        chunk: usize,
-    ) -> Vec<(u64, Fingerprint)> {
-        let mut v = Vec::with_capacity(steps.len());
-        for (op, fp) in steps.iter().zip(fps) {
-            let (counter, len) = match *op {
-                algorithms::P2pStep::Send { peer, len, .. } => (&mut self.p2p_sent[peer], len),
-                algorithms::P2pStep::Recv { peer, len, .. } => (&mut self.p2p_recvd[peer], len),
-            };
-            *counter += 1;
-            for _ in 0..len.div_ceil(chunk).max(1) {
-                v.push((*counter - 1, *fp));
-            }
-        }
-        v
-    }
-
     /// The registered buffer of communicator `comm_id` that `r` lies in.
     fn registered(&self, comm_id: u64, r: &Region) -> Option<Arc<SharedMaps>> {
         match r.space {
@@ -244,6 +220,49 @@ pub fn host_identity(host_id: Option<&str>) -> (String, u64) {
     };
     let id = u64::from_le_bytes(Secret::derive(&id_text).0[..8].try_into().unwrap());
     (host, id)
+}
+
+/// Set into the communicator id of the point-to-point lane's links.
+const LANE_ID: u64 = 0x7032_705f_6c61_6e65; // "p2p_lane"
+
+/// Connect `endpoints` (one per transport of the set) to every peer whose
+/// transport `assigned` names, reading the peer's address at `offset + t`
+/// of its published addresses; one link per peer (`None` for this rank).
+fn connect_all(
+    endpoints: &mut [Box<dyn crate::transport::Endpoint>],
+    ctx: &SetupCtx,
+    peers: &[PeerInfo],
+    assigned: &[usize],
+    offset: usize,
+    transports: &Transports,
+    deadline: Instant,
+) -> Result<Vec<Option<Box<dyn crate::transport::Link>>>> {
+    let mut links: Vec<Option<Box<dyn crate::transport::Link>>> =
+        (0..peers.len()).map(|_| None).collect();
+    for (t, ep) in endpoints.iter_mut().enumerate() {
+        let mut mine = Vec::new();
+        for p in peers.iter().filter(|p| assigned[p.rank] == t) {
+            let addr = p.addrs.get(offset + t).cloned().ok_or_else(|| {
+                Error::Bootstrap(format!(
+                    "rank {} published no address for transport {}",
+                    p.rank,
+                    transports.list[t].name()
+                ))
+            })?;
+            mine.push((p.rank, addr));
+        }
+        // Called even with no peers: the endpoint learns setup is over
+        // (and from then on rejects every connection).
+        for (peer, link) in ep.connect(ctx, &mine, deadline)? {
+            links[peer] = Some(link);
+        }
+    }
+    if let Some(missing) = (0..peers.len()).find(|p| *p != ctx.rank && links[*p].is_none()) {
+        return Err(Error::Bootstrap(format!(
+            "no transport produced a link to rank {missing}"
+        )));
+    }
+    Ok(links)
 }
 
 fn eventfd() -> Result<OwnedFd> {
@@ -303,6 +322,16 @@ impl Communicator {
         for t in &transports.list {
             endpoints.push(t.listen(&ctx)?);
         }
+        // The point-to-point lane's endpoints: a communicator id of their
+        // own, so a lane link and a collectives' link cannot be mixed up.
+        let lane_ctx = SetupCtx {
+            comm_id: ctx.comm_id ^ LANE_ID,
+            ..ctx.clone()
+        };
+        let mut lane_endpoints = Vec::new();
+        for t in &transports.list {
+            lane_endpoints.push(t.listen(&lane_ctx)?);
+        }
         let (hostname, host_id) = host_identity(config.host_id.as_deref());
         // Bound now so every rank knows where a shrunk communicator's root
         // would be, even if this communicator's own root is gone by then.
@@ -313,47 +342,53 @@ impl Communicator {
             hostname,
             host_id,
             pid: std::process::id(),
-            addrs: endpoints.iter().map(|e| e.address()).collect(),
+            addrs: endpoints
+                .iter()
+                .chain(&lane_endpoints)
+                .map(|e| e.address())
+                .collect(),
             rescue: rescue.local_addr().ok(),
         };
         let (control, peers) =
             bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
-        let mut links: Vec<Option<Box<dyn crate::transport::Link>>> =
-            (0..nranks).map(|_| None).collect();
+        // The transport of each peer (by the set's rule), then the links:
+        // the collectives' and, on endpoints of their own, the
+        // point-to-point lane's.
+        let mut assigned = vec![usize::MAX; nranks];
+        for p in peers.iter().filter(|p| p.rank != rank) {
+            assigned[p.rank] = (transports.choose)(&config, &me, p)?;
+        }
+        let k = transports.list.len();
+        let links = connect_all(
+            &mut endpoints,
+            &ctx,
+            &peers,
+            &assigned,
+            0,
+            &transports,
+            deadline,
+        )?;
+        let lane_links = connect_all(
+            &mut lane_endpoints,
+            &lane_ctx,
+            &peers,
+            &assigned,
+            k,
+            &transports,
+            deadline,
+        )?;
         let mut per_transport = Vec::new();
         // The one endpoint serving every peer, if there is one (direct
         // access needs it).
         let mut served_by: Option<usize> = None;
         let mut mixed = false;
-        for (t, ep) in endpoints.iter_mut().enumerate() {
-            let mut mine = Vec::new();
-            for p in peers.iter().filter(|p| p.rank != rank) {
-                if (transports.choose)(&config, &me, p)? == t {
-                    let addr = p.addrs.get(t).cloned().ok_or_else(|| {
-                        Error::Bootstrap(format!(
-                            "rank {} published no address for transport {}",
-                            p.rank,
-                            transports.list[t].name()
-                        ))
-                    })?;
-                    mine.push((p.rank, addr));
-                }
-            }
-            if !mine.is_empty() {
+        for t in 0..k {
+            let count = assigned.iter().filter(|a| **a == t).count();
+            if count > 0 {
                 mixed |= served_by.is_some();
                 served_by = Some(t);
-                per_transport.push(format!("{}:{}", transports.list[t].name(), mine.len()));
+                per_transport.push(format!("{}:{count}", transports.list[t].name()));
             }
-            // Called even with no peers: the endpoint learns setup is over
-            // (and from then on rejects every connection).
-            for (peer, link) in ep.connect(&ctx, &mine, deadline)? {
-                links[peer] = Some(link);
-            }
-        }
-        if let Some(missing) = (0..nranks).find(|p| *p != rank && links[*p].is_none()) {
-            return Err(Error::Bootstrap(format!(
-                "no transport produced a link to rank {missing}"
-            )));
         }
         let served_by = served_by.filter(|_| !mixed && nranks > 1);
         let direct = served_by.and_then(|t| endpoints[t].direct());
@@ -403,8 +438,6 @@ impl Communicator {
                     p2p_calls: 0,
                     monitored: 0,
                     call_timeout: None,
-                    p2p_sent: vec![0; nranks],
-                    p2p_recvd: vec![0; nranks],
                 }),
                 sender: Mutex::new(sender),
                 next_ticket: AtomicU64::new(0),
@@ -418,7 +451,8 @@ impl Communicator {
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
                 direct,
-                _endpoints: Mutex::new(endpoints),
+                lane: Lane::new(rank, lane_links)?,
+                _endpoints: Mutex::new(endpoints.into_iter().chain(lane_endpoints).collect()),
             }),
             timeout: None,
         })
@@ -727,6 +761,7 @@ impl Inner {
             return;
         }
         crate::sys::signal(self.abort_fd.as_raw_fd());
+        self.lane.wake();
         self.set_poison(Error::Aborted {
             by: None,
             world_by: None,
@@ -742,6 +777,8 @@ impl Inner {
         if p.is_some() {
             return;
         }
+        // The point-to-point lane fails its operations with it, now.
+        self.lane.wake();
         // The caller gets the error itself; this event is for traces (a
         // handled error is not the library's to print).
         tracing::info!(rank = self.rank, "oxccl communicator failed: {e}");
@@ -752,8 +789,24 @@ impl Inner {
         }
     }
 
-    fn poisoned(&self) -> Option<Error> {
+    pub(crate) fn poisoned(&self) -> Option<Error> {
         self.poison.lock().unwrap().clone()
+    }
+
+    /// Fail the communicator with `e` (the point-to-point lane's errors):
+    /// recorded, told to the others, and every later call returns it.
+    pub(crate) fn fail(&self, e: Error) {
+        self.set_poison(e);
+    }
+
+    /// A failure notice that arrived on the control connection, if the
+    /// connection is free to read (a running call reads it itself).
+    pub(crate) fn control_notice(&self) -> Option<bootstrap::Notice> {
+        let mut st = self.state.try_lock().ok()?;
+        match st.control.poll() {
+            Some(bootstrap::ControlEvent::Notice(n)) => Some(n),
+            _ => None,
+        }
     }
 
     fn wait_turn(&self, ticket: u64) -> Result<MutexGuard<'_, u64>> {
@@ -940,12 +993,6 @@ impl Inner {
                 left.min(Duration::from_millis(100)),
             );
         }
-    }
-
-    /// Copy `src` to `dst` with the compute engine (a group's sends to
-    /// this rank itself).
-    pub(crate) fn local_copy(&self, st: &mut State, dst: Region, src: Region) -> Result<()> {
-        st.net.local_copy(dst, src)
     }
 
     /// The knobs of automatic algorithm choice.

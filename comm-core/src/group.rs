@@ -1,29 +1,33 @@
 //! Point-to-point operations and groups.
 //!
 //! Every send and receive (blocking, async, or in a [`Group`]) becomes a
-//! [`P2pOp`]; a batch of them runs as one `algorithms::p2p` schedule, so
-//! they progress together: any set of sends and receives that is matched
-//! on both sides completes, whatever order each side posted them in.
-//! Schedules move bytes: operations of different element types share a
-//! batch, and each message still carries its operation's own fingerprint
-//! (type, count, peer, and its position among the operations between the
-//! two ranks in that direction), so a receive that does not match the send
-//! is a mismatch naming both.
+//! [`P2pOp`], checked here and posted to the communicator's point-to-point
+//! lane (`lane.rs`): its own links and thread, so sends and receives never
+//! wait behind collectives or other calls, and operations posted together
+//! or apart progress together: any set of sends and receives that is
+//! matched on both sides completes, whatever order each side posted them
+//! in. Operations of different element types mix freely; each message
+//! carries its operation's fingerprint (type, count, peer, and its position
+//! among the operations between the two ranks in that direction), so a
+//! receive that does not match the send is a mismatch naming both.
 //!
 //! A [`Group`] (`ncclGroupStart/End`) collects any mix of sends, receives
-//! and collectives. It runs its point-to-point operations first, all
-//! together, then its collectives in the order given; every rank must give
-//! its collectives in the same order, as outside a group.
+//! and collectives: its sends and receives are posted at once and progress
+//! while its collectives run, in the order given, as one call in issue
+//! order; every rank must give its collectives in the same order, as
+//! outside a group. The group returns when all of it is done.
 
 use crate::api::Coll;
 use crate::call::{Fingerprint, Kind};
 use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
+use crate::lane::{LaneOp, Then};
 use crate::mem::{Buffer, BufferMut, Region};
 use crate::types::{DataType, Element, ReduceOp};
-use crate::work::Work;
-use algorithms::P2pStep;
+use crate::work::{Completer, Work};
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// One send or receive: `region` holds `dtype` elements.
 #[derive(Clone, Copy, Debug)]
@@ -43,6 +47,12 @@ impl P2pOp {
                 self.peer
             )));
         }
+        if !self.region.space.is_host() {
+            return Err(Error::Unsupported(format!(
+                "send and receive on {:?} memory: the point-to-point lane moves host memory only",
+                self.region.space
+            )));
+        }
         let what = if self.send {
             "send buffer"
         } else {
@@ -52,14 +62,11 @@ impl P2pOp {
     }
 }
 
-/// A checked batch of point-to-point operations, ready to run.
+/// A checked batch of point-to-point operations, ready to post.
 #[derive(Debug, Default)]
 pub(crate) struct P2pBatch {
-    /// Steps in bytes; `buf` indexes `regions` (0 and 1 unused).
-    steps: Vec<P2pStep>,
-    regions: Vec<Region>,
-    /// Per step: its operation's fingerprint (type, count, peer).
-    fps: Vec<Fingerprint>,
+    /// The operations with other ranks.
+    ops: Vec<LaneOp>,
     /// Sends to this rank itself, matched in order with its receives from
     /// itself: (destination, source).
     self_copies: Vec<(Region, Region)>,
@@ -69,10 +76,7 @@ impl P2pBatch {
     /// Check `ops` for a communicator of `nranks` (nothing is sent when
     /// this fails).
     pub(crate) fn new(me: usize, nranks: usize, ops: &[P2pOp]) -> Result<P2pBatch> {
-        let mut b = P2pBatch {
-            regions: vec![Region::EMPTY; 2],
-            ..P2pBatch::default()
-        };
+        let mut b = P2pBatch::default();
         let (mut self_sends, mut self_recvs) = (Vec::new(), Vec::new());
         for op in ops {
             let count = op.check(nranks)?;
@@ -85,17 +89,12 @@ impl P2pBatch {
                 .push((*op, count));
                 continue;
             }
-            if b.regions.len() >= u16::MAX as usize {
-                return Err(Error::invalid("too many operations in one group"));
-            }
-            let (peer, buf, len) = (op.peer, b.regions.len() as u16, op.region.len);
-            b.steps.push(match op.send {
-                true => P2pStep::Send { peer, buf, len },
-                false => P2pStep::Recv { peer, buf, len },
+            b.ops.push(LaneOp {
+                send: op.send,
+                peer: op.peer,
+                region: op.region,
+                fp: Fingerprint::new(Kind::P2p, op.dtype, count).with_root(op.peer),
             });
-            b.regions.push(op.region);
-            b.fps
-                .push(Fingerprint::new(Kind::P2p, op.dtype, count).with_root(peer));
         }
         if self_sends.len() != self_recvs.len() {
             return Err(Error::invalid(format!(
@@ -115,28 +114,94 @@ impl P2pBatch {
         }
         Ok(b)
     }
+}
 
-    fn is_empty(&self) -> bool {
-        self.steps.is_empty() && self.self_copies.is_empty()
+impl Communicator {
+    /// Post a checked batch to the lane (self-copies done at once); `then`
+    /// runs when every operation finished.
+    pub(crate) fn post_p2p(&self, b: &P2pBatch, then: Then) {
+        for (dst, src) in &b.self_copies {
+            // SAFETY: checked host regions of equal length, valid for the
+            // call (borrowed or owned by it); a receive and a send of one
+            // group cannot overlap (one is borrowed mutably).
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, dst.len)
+            };
+        }
+        self.inner
+            .lane
+            .post(&self.inner, &b.ops, self.timeout(), then);
+    }
+
+    /// Post a batch and wait for it (the blocking calls).
+    pub(crate) fn p2p_blocking(&self, call: &'static str, ops: &[P2pOp]) -> Result<()> {
+        let batch = P2pBatch::new(self.rank(), self.nranks(), ops)?;
+        let (work, done) = Work::pending(call);
+        self.post_p2p(&batch, Box::new(move |r| done.complete(r)));
+        work.wait()
+    }
+
+    /// Post one operation on an owned buffer; the buffer comes back from
+    /// the `Work`. (The buffer is boxed before its region is taken, so it
+    /// does not move while the lane uses it.)
+    pub(crate) fn p2p_owned<B: Send + 'static>(
+        &self,
+        call: &'static str,
+        buf: B,
+        op: impl FnOnce(&mut B) -> P2pOp,
+    ) -> Work<B> {
+        let owned = Owned::new(buf);
+        // SAFETY: `owned` is this call's own allocation; nothing else uses
+        // it until `take` below.
+        let op = op(unsafe { owned.get() });
+        let batch = match P2pBatch::new(self.rank(), self.nranks(), &[op]) {
+            Ok(b) => b,
+            Err(e) => {
+                // SAFETY: nothing posted uses it.
+                drop(unsafe { owned.take() });
+                return Work::done(call, Err(e));
+            }
+        };
+        let (work, done) = Work::pending(call);
+        self.post_p2p(
+            &batch,
+            Box::new(move |r| {
+                // SAFETY: the lane finished with the memory.
+                let buf = unsafe { owned.take() };
+                done.complete(r.map(|_| buf));
+            }),
+        );
+        work
     }
 }
 
-/// Run a checked batch (one call in issue order).
-pub(crate) fn run_p2p(inner: &Inner, st: &mut State, b: &P2pBatch) -> Result<()> {
-    for (dst, src) in &b.self_copies {
-        inner.local_copy(st, *dst, *src)?;
+/// An owned value at a fixed heap address, used through raw pointers by
+/// the lane while a call runs, then taken back.
+struct Owned<B>(*mut B);
+
+// SAFETY: only a pointer to a `B: Send`, used by one party at a time.
+unsafe impl<B: Send> Send for Owned<B> {}
+// SAFETY: shared only to be taken once (`Join`).
+unsafe impl<B: Send> Sync for Owned<B> {}
+
+impl<B> Owned<B> {
+    fn new(b: B) -> Owned<B> {
+        Owned(Box::into_raw(Box::new(b)))
     }
-    if b.steps.is_empty() {
-        return Ok(());
+
+    /// # Safety
+    /// No other reference to the value may be alive, nor be made before the
+    /// returned one ends.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self) -> &mut B {
+        &mut *self.0
     }
-    // Chunks in bytes, a multiple of every element size, so that the two
-    // sides of an operation cut it alike whatever else shares the batch.
-    let chunk = (inner.config.chunk_bytes & !7).max(8);
-    let sched = algorithms::p2p(&b.steps, chunk);
-    let per_step = st.p2p_numbers(&b.steps, &b.fps, chunk);
-    debug_assert_eq!(per_step.len(), sched.steps.len());
-    let fp = Fingerprint::new(Kind::P2p, DataType::U8, 0);
-    inner.execute(st, fp, &sched, &b.regions, Some(per_step), false)
+
+    /// # Safety
+    /// Once, after everything that used the value finished.
+    unsafe fn take(&self) -> B {
+        *Box::from_raw(self.0)
+    }
 }
 
 /// A group under construction: see the module docs and
@@ -308,10 +373,7 @@ struct Ready {
 }
 
 impl Ready {
-    fn run(&self, inner: &Inner, st: &mut State) -> Result<()> {
-        if !self.batch.is_empty() {
-            run_p2p(inner, st, &self.batch)?;
-        }
+    fn run_colls(&self, inner: &Inner, st: &mut State) -> Result<()> {
         for (c, send, recv) in &self.colls {
             crate::api::run_coll(inner, st, c, *send, *recv)?;
         }
@@ -319,14 +381,62 @@ impl Ready {
     }
 }
 
+/// The parts of an async group (its sends and receives, its collectives)
+/// finishing in any order; the last one gives the buffers back.
+struct Join<B> {
+    left: AtomicUsize,
+    err: Mutex<Option<Error>>,
+    done: Mutex<Option<Completer<B>>>,
+    bufs: Owned<B>,
+}
+
+impl<B> Join<B> {
+    fn part_done(&self, r: Result<()>) {
+        if let Err(e) = r {
+            self.err.lock().unwrap().get_or_insert(e);
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // SAFETY: every part that used the buffers finished.
+            let bufs = unsafe { self.bufs.take() };
+            let r = self.err.lock().unwrap().take().map_or(Ok(bufs), Err);
+            if let Some(done) = self.done.lock().unwrap().take() {
+                done.complete(r);
+            }
+        }
+    }
+}
+
+/// A part of a `Join` that reports once, even if dropped unrun.
+struct Part<B>(Option<Arc<Join<B>>>);
+
+impl<B> Part<B> {
+    fn done(mut self, r: Result<()>) {
+        if let Some(j) = self.0.take() {
+            j.part_done(r);
+        }
+    }
+}
+
+impl<B> Drop for Part<B> {
+    fn drop(&mut self) {
+        if let Some(j) = self.0.take() {
+            j.part_done(Err(Error::Aborted {
+                by: None,
+                world_by: None,
+            }));
+        }
+    }
+}
+
 impl Communicator {
     /// Run any mix of sends, receives and collectives, of any element
     /// types, together (`ncclGroupStart` ... `ncclGroupEnd`): the closure
     /// adds operations to the [`Group`]; when it returns `Ok`, the group's
-    /// sends and receives run first, all together (so two ranks that both
-    /// send before they receive complete), then its collectives in the
-    /// order given. If the closure (or an argument check) fails, nothing
-    /// runs and the communicator stays usable.
+    /// sends and receives are posted, all at once (so two ranks that both
+    /// send before they receive complete), its collectives run in the order
+    /// given while they progress, and the call returns when all of it is
+    /// done. If the closure (or an argument check) fails, nothing runs and
+    /// the communicator stays usable.
     ///
     /// ```no_run
     /// # fn f(comm: &comm_core::Communicator) -> comm_core::Result<()> {
@@ -345,29 +455,67 @@ impl Communicator {
         let mut g = Group::new(self);
         f(&mut g)?;
         let ready = g.finish()?;
-        self.run(move |inner, st| ready.run(inner, st))
+        let (p2p, done) = Work::pending("group");
+        self.post_p2p(&ready.batch, Box::new(move |r| done.complete(r)));
+        let colls = match ready.colls.is_empty() {
+            true => Ok(()),
+            false => self.run(|inner, st| ready.run_colls(inner, st)),
+        };
+        // The buffers are borrowed until the sends and receives finished
+        // too (on an error, the lane fails them promptly).
+        let p2p = p2p.wait();
+        colls.and(p2p)
     }
 
     /// The async form of [`Communicator::group`]: `bufs` (any owned value
-    /// holding the buffers, e.g. a tuple of `Vec`s) moves to the
-    /// communicator's worker, where `f` adds operations on them; the group
-    /// runs in issue order with the other calls, and [`Work::wait`] gives
-    /// `bufs` back. Argument errors come from `wait`.
+    /// holding the buffers, e.g. a tuple of `Vec`s) is kept at a fixed
+    /// place while `f` adds operations on it; the sends and receives are
+    /// posted at once, the collectives run in issue order with the other
+    /// calls, and [`Work::wait`] gives `bufs` back when all of it is done.
+    /// Argument errors come from `wait`.
     pub fn group_async<B, F>(&self, bufs: B, f: F) -> Work<B>
     where
         B: Send + 'static,
-        F: for<'g> FnOnce(&mut Group<'g>, &'g mut B) -> Result<()> + Send + 'static,
+        F: for<'g> FnOnce(&mut Group<'g>, &'g mut B) -> Result<()>,
     {
-        let me = self.clone_handle();
-        self.submit("group", move |inner, st| {
-            let mut bufs = bufs;
-            let ready = {
-                let mut g = Group::new(&me);
-                f(&mut g, &mut bufs)?;
-                g.finish()?
-            };
-            ready.run(inner, st)?;
-            Ok(bufs)
-        })
+        let owned = Owned::new(bufs);
+        let ready = {
+            let mut g = Group::new(self);
+            // SAFETY: `owned` is this call's own allocation; the borrow
+            // ends with this block, before anything else uses it.
+            f(&mut g, unsafe { owned.get() }).and_then(|_| g.finish())
+        };
+        let ready = match ready {
+            Ok(r) => r,
+            Err(e) => {
+                // SAFETY: nothing was posted.
+                drop(unsafe { owned.take() });
+                return Work::done("group", Err(e));
+            }
+        };
+        let (work, done) = Work::pending("group");
+        let has_colls = !ready.colls.is_empty();
+        let join = Arc::new(Join {
+            left: AtomicUsize::new(1 + has_colls as usize),
+            err: Mutex::new(None),
+            done: Mutex::new(Some(done)),
+            bufs: owned,
+        });
+        let p2p = Part(Some(join.clone()));
+        self.post_p2p(&ready.batch, Box::new(move |r| p2p.done(r)));
+        if has_colls {
+            let part = Part(Some(join));
+            let colls = ready.colls;
+            let _ = self.submit("group", move |inner, st| {
+                let r = Ready {
+                    batch: P2pBatch::default(),
+                    colls,
+                }
+                .run_colls(inner, st);
+                part.done(r.clone());
+                r
+            });
+        }
+        work
     }
 }

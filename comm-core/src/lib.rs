@@ -23,6 +23,7 @@ pub mod error;
 pub mod exec;
 pub mod fuzz;
 pub mod group;
+mod lane;
 pub mod mem;
 pub mod sys;
 pub mod transport;

@@ -76,10 +76,10 @@ struct SlotState<R> {
 
 /// Fills the slot once; dropping it unfilled (a job that never ran) fills
 /// it with `Aborted`, so no waiter is left hanging.
-struct Completer<R>(Option<Arc<Slot<R>>>);
+pub(crate) struct Completer<R>(Option<Arc<Slot<R>>>);
 
 impl<R> Completer<R> {
-    fn complete(mut self, r: Result<R>) {
+    pub(crate) fn complete(mut self, r: Result<R>) {
         if let Some(slot) = self.0.take() {
             slot.fill(r);
         }
@@ -135,6 +135,14 @@ impl<R> Work<R> {
             }),
             call,
         }
+    }
+
+    /// A call completed elsewhere (the point-to-point lane): the handle and
+    /// what completes it.
+    pub(crate) fn pending(call: &'static str) -> (Work<R>, Completer<R>) {
+        let w = Work::new(call);
+        let done = Completer(Some(w.slot.clone()));
+        (w, done)
     }
 
     /// A call that finished before it was queued (a bad argument).

@@ -106,7 +106,7 @@ fn a_wait_cycle_is_reported_as_a_cycle() {
         assert_eq!(e.blamed_rank(), None);
         let text = e.to_string();
         assert!(
-            text.contains("wait cycle") && text.contains("send/recv #0"),
+            text.contains("wait cycle") && text.contains("recv #0 from rank"),
             "{text}"
         );
     }
@@ -345,5 +345,49 @@ fn survivors_that_disagree_on_whom_to_shrink_get_an_error() {
             "rank {}: {e:?}",
             c.rank()
         );
+    });
+}
+
+#[test]
+fn a_posted_receive_then_a_send_completes_on_both_sides() {
+    // torch's irecv-then-send: each rank posts its receive, then sends
+    // (blocking), then waits for the receive.
+    with_ranks(2, test_config(), |c| {
+        let peer = 1 - c.rank();
+        for len in [0usize, 10, 1 << 20] {
+            let w = c.recv_async(vec![0u32; len], peer);
+            c.send(&vec![c.rank() as u32 + 7; len], peer).unwrap();
+            assert_eq!(w.wait().unwrap(), vec![peer as u32 + 7; len]);
+        }
+    });
+}
+
+#[test]
+fn a_posted_receive_does_not_hold_up_later_collectives() {
+    // Rank 0 posts a receive that rank 1 satisfies only after a collective
+    // that needs rank 0: the collective must not wait for the receive.
+    with_ranks(2, short(5000), |c| {
+        if c.rank() == 0 {
+            let w = c.recv_async(vec![0f64; 1 << 16], 1);
+            let mut v = [1f32; 8];
+            c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            c.barrier().unwrap();
+            assert_eq!(v, [2.0; 8]);
+            assert_eq!(w.wait().unwrap(), vec![3.5; 1 << 16]);
+        } else {
+            let mut v = [1f32; 8];
+            c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap();
+            c.barrier().unwrap();
+            c.send(&vec![3.5f64; 1 << 16], 0).unwrap();
+        }
+        // And sends posted before a collective, received after it.
+        let peer = 1 - c.rank();
+        let s = c.send_async(vec![c.rank() as u8; 1 << 20], peer);
+        let mut x = [c.rank() as i64];
+        c.all_reduce_in_place(&mut x, ReduceOp::Max).unwrap();
+        let got = c.recv_async(vec![0u8; 1 << 20], peer).wait().unwrap();
+        s.wait().unwrap();
+        assert_eq!(x, [1]);
+        assert!(got.iter().all(|b| *b == peer as u8));
     });
 }

@@ -5,7 +5,7 @@
 
 use super::direct::DirectCtx;
 use super::failure::{notice_to_error, CallName};
-use super::header::{WireHeader, HEADER_LEN, MAGIC};
+use super::header::{WireHeader, HEADER_LEN};
 use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
 use crate::call::Fingerprint;
 use crate::error::{Error, Result};
@@ -117,24 +117,7 @@ impl CallCtx<'_> {
         if let Some(e) = self.explained() {
             return e;
         }
-        let me = &self.peers[self.rank];
-        let alive = |r: usize| super::failure::process_alive(me, &self.peers[r]);
-        let (rank, detail) = match alive(peer) {
-            Some(true) => match (0..self.nranks)
-                .filter(|r| *r != self.rank && *r != peer)
-                .find(|r| alive(*r) == Some(false))
-            {
-                Some(dead) => (
-                    dead,
-                    format!(
-                        "its process is gone (rank {peer} closed its connection to this rank, but rank {peer}'s \
-                         process is alive: it failed because of this one)"
-                    ),
-                ),
-                None => (peer, detail),
-            },
-            _ => (peer, detail),
-        };
+        let (rank, detail) = super::failure::blame_closed(self.rank, peer, self.peers, detail);
         Error::PeerLost {
             rank,
             world_rank: rank,
@@ -171,16 +154,7 @@ impl CallCtx<'_> {
 
     pub(super) fn header(&self, step: u32, msg: u32, len: usize) -> [u8; HEADER_LEN] {
         let (seq, fp) = self.seq_fp(step);
-        let mut h = [0u8; HEADER_LEN];
-        h[..4].copy_from_slice(MAGIC);
-        let ids = self.buf_ids();
-        h[4..8].copy_from_slice(&((ids >> 32) as u32).to_le_bytes());
-        h[20..24].copy_from_slice(&(ids as u32).to_le_bytes());
-        h[8..16].copy_from_slice(&seq.to_le_bytes());
-        h[16..20].copy_from_slice(&msg.to_le_bytes());
-        h[24..32].copy_from_slice(&(len as u64).to_le_bytes());
-        h[32..48].copy_from_slice(&fp.encode());
-        h
+        super::header::encode(seq, self.buf_ids(), msg, len as u64, &fp)
     }
 
     /// Check a received header against what this rank expects.

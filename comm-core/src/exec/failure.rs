@@ -207,6 +207,36 @@ pub(crate) fn stall_error(
     }
 }
 
+/// Whom to blame when `peer` closed its connection and no notice explains
+/// why: the peer — unless its process is seen alive while another rank's
+/// is seen gone (a rank that failed because of a death closes its links
+/// too; with the root gone, as when it lived in the dead process, no notice
+/// says so). The rank and the detail for the message.
+pub(crate) fn blame_closed(
+    me: usize,
+    peer: usize,
+    peers: &[PeerInfo],
+    detail: String,
+) -> (usize, String) {
+    let alive = |r: usize| process_alive(&peers[me], &peers[r]);
+    if alive(peer) != Some(true) {
+        return (peer, detail);
+    }
+    match (0..peers.len())
+        .filter(|r| *r != me && *r != peer)
+        .find(|r| alive(*r) == Some(false))
+    {
+        Some(dead) => (
+            dead,
+            format!(
+                "its process is gone (rank {peer} closed its connection to this rank, but rank {peer}'s \
+                 process is alive: it failed because of this one)"
+            ),
+        ),
+        None => (peer, detail),
+    }
+}
+
 /// Whether `peer`'s process is alive, as far as `me` can tell: on the same
 /// host by its pid, elsewhere by whether its rescue port (bound for as long
 /// as its communicator lives) still accepts a connection. `None`: unknown.

@@ -20,6 +20,25 @@ pub struct WireHeader {
     pub fp: Option<Fingerprint>,
 }
 
+/// Encode a header (the inverse of [`WireHeader::parse`]).
+pub(crate) fn encode(
+    seq: u64,
+    bufs: u64,
+    msg: u32,
+    len: u64,
+    fp: &Fingerprint,
+) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[..4].copy_from_slice(MAGIC);
+    h[4..8].copy_from_slice(&((bufs >> 32) as u32).to_le_bytes());
+    h[20..24].copy_from_slice(&(bufs as u32).to_le_bytes());
+    h[8..16].copy_from_slice(&seq.to_le_bytes());
+    h[16..20].copy_from_slice(&msg.to_le_bytes());
+    h[24..32].copy_from_slice(&len.to_le_bytes());
+    h[32..48].copy_from_slice(&fp.encode());
+    h
+}
+
 impl WireHeader {
     /// Decode; `None` unless the magic is right. Total: any 48 bytes.
     pub fn parse(h: &[u8; HEADER_LEN]) -> Option<WireHeader> {

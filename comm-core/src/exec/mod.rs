@@ -23,14 +23,16 @@
 mod call;
 mod direct;
 pub(crate) mod failure;
-mod header;
+pub(crate) mod header;
 
 pub(crate) use call::CallCtx;
 
 pub(crate) use direct::describe_own;
 use direct::PeerSpan;
 pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
-pub(crate) use failure::{notice_for, notice_to_error, stall_error, CallName};
+pub(crate) use failure::{
+    blame_closed, describe_call, notice_for, notice_to_error, stall_error, CallName,
+};
 pub use header::{WireHeader, HEADER_LEN};
 
 use crate::bootstrap::ControlEvent;

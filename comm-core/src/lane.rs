@@ -1,0 +1,630 @@
+//! The point-to-point lane: sends and receives travel on links of their
+//! own (made at init next to the collectives' links, by the same
+//! transports) and are progressed by a thread of their own (started at the
+//! first send or receive), so they never wait behind collectives or each
+//! other: a posted receive (`recv_async`) completes whenever its data
+//! comes, whatever this rank calls meanwhile, and "post a receive, then
+//! send" completes on both sides.
+//!
+//! Matching: per peer and direction, operations are matched in the order
+//! they were posted (MPI's non-overtaking rule, NCCL's per-peer order).
+//! Each message is one header (the collectives' format: the operation's
+//! number in its direction, payload length, the operation's fingerprint)
+//! and its payload, so a send matched with a receive of another type or
+//! length is a mismatch that names both sides.
+//!
+//! Failure: the lane fails the communicator the way a collective does: a
+//! closed link is a lost peer (unless the control plane, or the peer's
+//! living process, says otherwise), a receive or send that waits past its
+//! deadline is reported to the root, whose verdict (the stalled rank, or a
+//! cycle of waits) becomes the error, and every pending operation fails
+//! with the cause. An error of the communicator fails the lane's
+//! operations too.
+
+use crate::bootstrap::Notice;
+use crate::call::Fingerprint;
+use crate::comm::Inner;
+use crate::error::{Error, Result};
+use crate::exec::header::{self, WireHeader, HEADER_LEN};
+use crate::exec::{self as executor};
+use crate::mem::Region;
+use crate::transport::Link;
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use std::collections::VecDeque;
+use std::io::{ErrorKind, IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How long the lane waits for the control plane to explain a closed link
+/// or a timeout before deciding itself.
+const EXPLAIN_WAIT: Duration = Duration::from_millis(1500);
+
+/// What runs when every operation of a batch finished: `Ok` or the first
+/// error.
+pub(crate) type Then = Box<dyn FnOnce(Result<()>) + Send>;
+
+/// The operations of one call, completed together.
+struct Batch {
+    left: AtomicUsize,
+    err: Mutex<Option<Error>>,
+    then: Mutex<Option<Then>>,
+}
+
+impl Batch {
+    fn op_done(&self, r: Result<()>) {
+        if let Err(e) = r {
+            self.err.lock().unwrap().get_or_insert(e);
+        }
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let result = self.err.lock().unwrap().take().map_or(Ok(()), Err);
+            if let Some(then) = self.then.lock().unwrap().take() {
+                then(result);
+            }
+        }
+    }
+}
+
+/// One posted operation.
+struct Op {
+    send: bool,
+    peer: usize,
+    region: Region,
+    fp: Fingerprint,
+    /// Its number among the operations with `peer` in its direction.
+    seq: u64,
+    /// The header: built for a send, read into for a receive.
+    header: [u8; HEADER_LEN],
+    /// Bytes moved so far, header included.
+    moved: usize,
+    deadline: Instant,
+    timeout: Duration,
+    batch: Arc<Batch>,
+}
+
+impl Op {
+    fn name(&self) -> String {
+        match self.send {
+            true => format!("send #{} to rank {}", self.seq, self.peer),
+            false => format!("recv #{} from rank {}", self.seq, self.peer),
+        }
+    }
+
+    fn total(&self) -> usize {
+        HEADER_LEN + self.region.len
+    }
+}
+
+/// The lane of one communicator: where calls post, and the engine waiting
+/// to be started.
+pub(crate) struct Lane {
+    post: Mutex<Posting>,
+    wake: Arc<OwnedFd>,
+    engine: Mutex<Option<Engine>>,
+}
+
+/// Numbering and the queue to the engine, under one lock so that the
+/// engine sees operations in the order they were numbered.
+struct Posting {
+    tx: Sender<Vec<Op>>,
+    sent: Vec<u64>,
+    received: Vec<u64>,
+}
+
+/// One operation to post: `region` holds elements of `fp.dtype`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LaneOp {
+    pub send: bool,
+    pub peer: usize,
+    pub region: Region,
+    pub fp: Fingerprint,
+}
+
+impl Lane {
+    /// The lane over `links` (one per peer; `None` for this rank).
+    pub(crate) fn new(me: usize, links: Vec<Option<Box<dyn Link>>>) -> Result<Lane> {
+        let n = links.len();
+        let (tx, rx) = unbounded();
+        let wake =
+            Arc::new(crate::sys::eventfd().map_err(|e| Error::System(format!("eventfd: {e}")))?);
+        Ok(Lane {
+            post: Mutex::new(Posting {
+                tx,
+                sent: vec![0; n],
+                received: vec![0; n],
+            }),
+            wake: wake.clone(),
+            engine: Mutex::new(Some(Engine {
+                inner: Weak::new(),
+                me,
+                links,
+                rx,
+                wake,
+                sends: (0..n).map(|_| VecDeque::new()).collect(),
+                recvs: (0..n).map(|_| VecDeque::new()).collect(),
+                failed: None,
+            })),
+        })
+    }
+
+    /// Wake the engine (an abort, a new post).
+    pub(crate) fn wake(&self) {
+        crate::sys::signal(self.wake.as_raw_fd());
+    }
+
+    /// Post `ops` (checked by the caller); `then` runs once all finished,
+    /// on the engine's thread (or here, when there is nothing to do or the
+    /// communicator already failed).
+    pub(crate) fn post(&self, inner: &Arc<Inner>, ops: &[LaneOp], timeout: Duration, then: Then) {
+        if ops.is_empty() {
+            return then(Ok(()));
+        }
+        if let Some(e) = inner.poisoned() {
+            return then(Err(e));
+        }
+        if let Err(e) = self.start(inner) {
+            return then(Err(e));
+        }
+        let batch = Arc::new(Batch {
+            left: AtomicUsize::new(ops.len()),
+            err: Mutex::new(None),
+            then: Mutex::new(Some(then)),
+        });
+        let now = Instant::now();
+        let mut p = self.post.lock().unwrap();
+        let posted: Vec<Op> = ops
+            .iter()
+            .map(|o| {
+                let counter = match o.send {
+                    true => &mut p.sent[o.peer],
+                    false => &mut p.received[o.peer],
+                };
+                *counter += 1;
+                let seq = *counter - 1;
+                Op {
+                    send: o.send,
+                    peer: o.peer,
+                    region: o.region,
+                    fp: o.fp,
+                    seq,
+                    header: match o.send {
+                        true => header::encode(seq, 0, 0, o.region.len as u64, &o.fp),
+                        false => [0; HEADER_LEN],
+                    },
+                    moved: 0,
+                    deadline: now + timeout,
+                    timeout,
+                    batch: batch.clone(),
+                }
+            })
+            .collect();
+        if let Err(e) = p.tx.send(posted) {
+            // The engine is gone (its thread ended): fail the batch.
+            drop(p);
+            for op in e.0 {
+                op.batch.op_done(Err(Error::Aborted {
+                    by: None,
+                    world_by: None,
+                }));
+            }
+            return;
+        }
+        drop(p);
+        self.wake();
+    }
+
+    /// Start the engine's thread, the first time.
+    fn start(&self, inner: &Arc<Inner>) -> Result<()> {
+        let mut slot = self.engine.lock().unwrap();
+        let Some(mut engine) = slot.take() else {
+            return Ok(());
+        };
+        engine.inner = Arc::downgrade(inner);
+        let spawned = std::thread::Builder::new()
+            .name("oxccl-p2p".into())
+            .spawn(move || engine.run());
+        spawned
+            .map(|_| ())
+            .map_err(|e| Error::System(format!("cannot start the point-to-point thread: {e}")))
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // The engine sees its queue closed and ends.
+        self.wake();
+    }
+}
+
+/// The lane's thread: per peer, a queue of sends and one of receives,
+/// progressed head first.
+struct Engine {
+    inner: Weak<Inner>,
+    me: usize,
+    links: Vec<Option<Box<dyn Link>>>,
+    rx: Receiver<Vec<Op>>,
+    wake: Arc<OwnedFd>,
+    sends: Vec<VecDeque<Op>>,
+    recvs: Vec<VecDeque<Op>>,
+    /// Once the communicator failed: every later operation fails with it.
+    failed: Option<Error>,
+}
+
+impl Engine {
+    fn run(mut self) {
+        loop {
+            crate::sys::drain(self.wake.as_raw_fd());
+            let mut closed = false;
+            loop {
+                match self.rx.try_recv() {
+                    Ok(ops) => self.queue(ops),
+                    Err(crossbeam_channel::TryRecvError::Empty) => break,
+                    Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            let Some(inner) = self.inner.upgrade().filter(|_| !closed) else {
+                // The communicator is gone: nothing can complete any more.
+                self.fail_all(Error::Aborted {
+                    by: None,
+                    world_by: None,
+                });
+                self.close();
+                return;
+            };
+            if self.failed.is_none() {
+                if let Some(e) = inner.poisoned() {
+                    self.fail(&inner, e, false);
+                }
+            }
+            if self.failed.is_some() {
+                let e = self.failed.clone().unwrap();
+                self.fail_all(e);
+                drop(inner);
+                self.sleep(Duration::from_secs(3600));
+                continue;
+            }
+            match self.progress(&inner) {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    self.fail(&inner, e, true);
+                    continue;
+                }
+            }
+            if let Some(op) = self.overdue() {
+                let e = self.stalled(&inner, op);
+                self.fail(&inner, e, true);
+                continue;
+            }
+            drop(inner);
+            let next = self
+                .heads()
+                .map(|o| o.deadline)
+                .min()
+                .map_or(Duration::from_secs(3600), |d| {
+                    d.saturating_duration_since(Instant::now())
+                });
+            // Also look at the communicator's state now and then (an
+            // error elsewhere, an abort without a wake-up).
+            self.sleep(next.min(Duration::from_millis(200)));
+        }
+    }
+
+    fn queue(&mut self, ops: Vec<Op>) {
+        for op in ops {
+            if let Some(e) = &self.failed {
+                op.batch.op_done(Err(e.clone()));
+                continue;
+            }
+            let peer = op.peer;
+            match op.send {
+                true => self.sends[peer].push_back(op),
+                false => self.recvs[peer].push_back(op),
+            }
+        }
+    }
+
+    fn heads(&self) -> impl Iterator<Item = &Op> {
+        self.sends
+            .iter()
+            .chain(self.recvs.iter())
+            .filter_map(|q| q.front())
+    }
+
+    /// Move what can move now; whether anything did.
+    fn progress(&mut self, inner: &Inner) -> Result<bool> {
+        let mut moved = false;
+        for peer in 0..self.links.len() {
+            for send in [true, false] {
+                loop {
+                    let queue = match send {
+                        true => &mut self.sends[peer],
+                        false => &mut self.recvs[peer],
+                    };
+                    let Some(op) = queue.front_mut() else {
+                        break;
+                    };
+                    let link = self.links[peer].as_mut().unwrap();
+                    let before = op.moved;
+                    let step = match send {
+                        true => write_some(link.as_mut(), op),
+                        false => read_some(link.as_mut(), op),
+                    };
+                    moved |= op.moved != before;
+                    match step {
+                        Ok(true) => {
+                            let op = queue.pop_front().unwrap();
+                            op.batch.op_done(Ok(()));
+                        }
+                        Ok(false) => break,
+                        Err(e) => {
+                            let (mismatch, name) = (Engine::mismatch(op, &e), op.name());
+                            return Err(
+                                mismatch.unwrap_or_else(|| self.link_failed(inner, peer, &name, e))
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Ok(moved)
+    }
+
+    /// A head operation past its deadline, if any.
+    fn overdue(&self) -> Option<(bool, usize)> {
+        let now = Instant::now();
+        self.heads()
+            .find(|o| o.deadline <= now)
+            .map(|o| (o.send, o.peer))
+    }
+
+    /// Sleep until a link is ready for a head operation, a post or an
+    /// abort wakes the lane, or `limit` passes.
+    fn sleep(&mut self, limit: Duration) {
+        let mut fds = vec![libc::pollfd {
+            fd: self.wake.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        for peer in 0..self.links.len() {
+            let (r, w) = (!self.recvs[peer].is_empty(), !self.sends[peer].is_empty());
+            if !(r || w) {
+                continue;
+            }
+            let link = self.links[peer].as_mut().unwrap();
+            if link.arm(0, r, w) {
+                return; // ready meanwhile
+            }
+            fds.push(libc::pollfd {
+                fd: link.fd(0),
+                events: link.poll_events(0, r, w),
+                revents: 0,
+            });
+        }
+        let ms = limit.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: a valid array of initialised pollfd, alive for the call.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    }
+
+    /// The first error: every operation fails with it, the links close,
+    /// and (when it is this lane's to tell) the communicator fails too.
+    fn fail(&mut self, inner: &Inner, e: Error, ours: bool) {
+        let e = e.in_world(&inner.world, &inner.peers);
+        if ours {
+            inner.fail(e.clone());
+        }
+        self.failed = Some(inner.poisoned().unwrap_or(e));
+        self.close();
+    }
+
+    fn fail_all(&mut self, e: Error) {
+        for q in self.sends.iter_mut().chain(self.recvs.iter_mut()) {
+            for op in q.drain(..) {
+                op.batch.op_done(Err(e.clone()));
+            }
+        }
+    }
+
+    fn close(&mut self) {
+        for l in self.links.iter_mut().flatten() {
+            l.close();
+        }
+    }
+
+    /// Wait a moment for the control plane (or the collectives, which read
+    /// it while they run) to explain what went wrong.
+    fn explanation(&self, inner: &Inner, during: &str) -> Option<Error> {
+        let until = Instant::now() + EXPLAIN_WAIT;
+        while Instant::now() < until {
+            if let Some(e) = inner.poisoned() {
+                return Some(e);
+            }
+            if let Some(n) = inner.control_notice() {
+                return Some(executor::notice_to_error(
+                    n,
+                    self.me,
+                    &inner.peers,
+                    during,
+                    during,
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// A link failed under `op_name`: the control plane's explanation, or
+    /// the peer (or the rank found dead instead) lost.
+    fn link_failed(&self, inner: &Inner, peer: usize, op_name: &str, e: std::io::Error) -> Error {
+        if let Some(x) = self.explanation(inner, op_name) {
+            return x;
+        }
+        let (rank, detail) = executor::blame_closed(
+            self.me,
+            peer,
+            &inner.peers,
+            match e.kind() {
+                ErrorKind::UnexpectedEof => {
+                    "its connection closed (process exited or was killed)".into()
+                }
+                _ => format!("{op_name} failed: {e}"),
+            },
+        );
+        Error::PeerLost {
+            rank,
+            world_rank: rank,
+            host: inner
+                .peers
+                .get(rank)
+                .map(|p| p.hostname.clone())
+                .unwrap_or_default(),
+            pid: 0,
+            during: op_name.to_string(),
+            detail,
+        }
+    }
+
+    /// The head operation (`send`, `peer`) passed its deadline: report it
+    /// to the root, whose verdict names the stalled rank or the cycle.
+    fn stalled(&self, inner: &Inner, (send, peer): (bool, usize)) -> Error {
+        let q = match send {
+            true => &self.sends[peer],
+            false => &self.recvs[peer],
+        };
+        let op = q.front().unwrap();
+        let name = op.name();
+        let waiting_for = match send {
+            true => format!("rank {peer} to receive ({name})"),
+            false => format!("rank {peer} to send ({name})"),
+        };
+        inner.sender.lock().unwrap().abort(&Notice::Timeout {
+            origin: self.me,
+            waiting_for: waiting_for.clone(),
+            after_ms: op.timeout.as_millis() as u64,
+            waits_on: peer as u32,
+        });
+        self.explanation(inner, &name).unwrap_or(Error::Timeout {
+            during: name,
+            waiting_for,
+            after: op.timeout,
+            rank: Some(peer),
+            world_rank: Some(peer),
+        })
+    }
+}
+
+/// Write what the link takes of a send; whether it is complete.
+fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
+    while op.moved < op.total() {
+        // SAFETY: the poster keeps the memory valid and unwritten until the
+        // operation completes (a blocking call waits; an async call owns it).
+        let payload =
+            unsafe { std::slice::from_raw_parts(op.region.addr as *const u8, op.region.len) };
+        let r = if op.moved < HEADER_LEN {
+            link.write(
+                0,
+                &[IoSlice::new(&op.header[op.moved..]), IoSlice::new(payload)],
+            )
+        } else {
+            link.write(0, &[IoSlice::new(&payload[op.moved - HEADER_LEN..])])
+        };
+        match r {
+            Ok(0) => return Ok(false),
+            Ok(n) => op.moved += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// Read what has arrived of a receive (checking the header once whole);
+/// whether it is complete.
+fn read_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
+    while op.moved < op.total() {
+        let r = if op.moved < HEADER_LEN {
+            link.read(0, &mut [IoSliceMut::new(&mut op.header[op.moved..])])
+        } else {
+            // SAFETY: as in `write_some`; nobody else touches the memory.
+            let payload =
+                unsafe { std::slice::from_raw_parts_mut(op.region.addr as *mut u8, op.region.len) };
+            link.read(
+                0,
+                &mut [IoSliceMut::new(&mut payload[op.moved - HEADER_LEN..])],
+            )
+        };
+        match r {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                let had_header = op.moved >= HEADER_LEN;
+                op.moved += n;
+                if !had_header && op.moved >= HEADER_LEN {
+                    check_header(op)?;
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+/// A received header must be the matching send's: the same number, an
+/// agreeing fingerprint, the same length. (Reported as `InvalidData`
+/// carrying the mismatch, turned into the error by the engine.)
+fn check_header(op: &Op) -> std::io::Result<()> {
+    let theirs = WireHeader::parse(&op.header);
+    let agrees = theirs.is_some_and(|h| {
+        h.seq == op.seq
+            && h.fp.is_some_and(|fp| fp.agrees_with(&op.fp))
+            && h.len == op.region.len as u64
+    });
+    if agrees {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        ErrorKind::InvalidData,
+        LaneMismatch {
+            remote: match theirs {
+                Some(h) => match h.fp {
+                    Some(fp) => executor::describe_call(&fp, h.seq),
+                    None => "an unreadable operation".into(),
+                },
+                None => "bytes that are not an oxccl message".into(),
+            },
+        },
+    ))
+}
+
+/// What the peer sent instead of the expected message.
+#[derive(Debug)]
+struct LaneMismatch {
+    remote: String,
+}
+
+impl std::fmt::Display for LaneMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.remote)
+    }
+}
+
+impl std::error::Error for LaneMismatch {}
+
+impl Engine {
+    /// Turn a header mismatch into the error naming both sides.
+    fn mismatch(op: &Op, e: &std::io::Error) -> Option<Error> {
+        let m = e.get_ref()?.downcast_ref::<LaneMismatch>()?;
+        Some(Error::Mismatch {
+            local: executor::describe_call(&op.fp, op.seq),
+            peer: op.peer,
+            world_peer: op.peer,
+            remote: m.remote.clone(),
+        })
+    }
+}
