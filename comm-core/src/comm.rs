@@ -728,11 +728,28 @@ impl Communicator {
     /// [`barrier`](Communicator::barrier): for diagnosis and start-up, not
     /// for every step.
     pub fn monitored_barrier(&self, timeout: Duration) -> Result<()> {
+        if timeout.is_zero() {
+            return Err(Error::invalid(
+                "monitored_barrier: the time to wait for the others must be above zero",
+            ));
+        }
         self.run(move |inner, st| inner.monitored_barrier(st, timeout))
+    }
+
+    /// A handle made by `with_timeout(0)` cannot run anything: every call
+    /// would fail the communicator at once.
+    pub(crate) fn check_deadline(&self) -> Result<()> {
+        match self.timeout {
+            Some(t) if t.is_zero() => Err(Error::invalid(
+                "with_timeout(0): a call's deadline must be above zero",
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Run `f` as the next call in issue order (blocking, this thread).
     pub(crate) fn run<R>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
+        self.check_deadline()?;
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         self.inner.run_ticket(ticket, self.timeout, f)
     }
@@ -743,6 +760,9 @@ impl Communicator {
         call: &'static str,
         f: impl FnOnce(&Inner, &mut State) -> Result<R> + Send + 'static,
     ) -> Work<R> {
+        if let Err(e) = self.check_deadline() {
+            return Work::done(call, Err(e));
+        }
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         let inner = self.inner.clone();
         let timeout = self.timeout;

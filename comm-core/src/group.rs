@@ -135,6 +135,7 @@ impl Communicator {
 
     /// Post a batch and wait for it (the blocking calls).
     pub(crate) fn p2p_blocking(&self, call: &'static str, ops: &[P2pOp]) -> Result<()> {
+        self.check_deadline()?;
         let batch = P2pBatch::new(self.rank(), self.nranks(), ops)?;
         let (work, done) = Work::pending(call);
         self.post_p2p(&batch, Box::new(move |r| done.complete(r)));
@@ -154,7 +155,10 @@ impl Communicator {
         // SAFETY: `owned` is this call's own allocation; nothing else uses
         // it until `take` below.
         let op = op(unsafe { owned.get() });
-        let batch = match P2pBatch::new(self.rank(), self.nranks(), &[op]) {
+        let checked = self
+            .check_deadline()
+            .and_then(|_| P2pBatch::new(self.rank(), self.nranks(), &[op]));
+        let batch = match checked {
             Ok(b) => b,
             Err(e) => {
                 // SAFETY: nothing posted uses it.
@@ -452,6 +456,7 @@ impl Communicator {
     /// # Ok(()) }
     /// ```
     pub fn group<'a>(&'a self, f: impl FnOnce(&mut Group<'a>) -> Result<()>) -> Result<()> {
+        self.check_deadline()?;
         let mut g = Group::new(self);
         f(&mut g)?;
         let ready = g.finish()?;
@@ -483,7 +488,9 @@ impl Communicator {
             let mut g = Group::new(self);
             // SAFETY: `owned` is this call's own allocation; the borrow
             // ends with this block, before anything else uses it.
-            f(&mut g, unsafe { owned.get() }).and_then(|_| g.finish())
+            self.check_deadline()
+                .and_then(|_| f(&mut g, unsafe { owned.get() }))
+                .and_then(|_| g.finish())
         };
         let ready = match ready {
             Ok(r) => r,

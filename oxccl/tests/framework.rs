@@ -156,6 +156,24 @@ fn a_per_call_deadline_overrides_the_communicator_timeout() {
     });
     let (e, took) = out[0].as_ref().unwrap();
     assert!(matches!(e, Error::Timeout { rank: Some(1), .. }), "{e:?}");
+    // A zero deadline or wait is a bad argument, not a failed job.
+    with_ranks(1, test_config(), |c| {
+        let none = c.with_timeout(Duration::ZERO);
+        assert!(matches!(none.barrier(), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            none.send(&[1u8], 0),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            none.all_reduce_async(vec![1f32], ReduceOp::Sum).wait(),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            c.monitored_barrier(Duration::ZERO),
+            Err(Error::InvalidArgument(_))
+        ));
+        c.barrier().unwrap();
+    });
     assert!(*took < Duration::from_secs(2), "took {took:?}");
 }
 
