@@ -513,7 +513,8 @@ impl Communicator {
         if has_colls {
             let part = Part(Some(join));
             let colls = ready.colls;
-            let _ = self.submit("group", move |inner, st| {
+            // Its result reaches the caller through the join.
+            drop(self.submit("group", move |inner, st| {
                 let r = Ready {
                     batch: P2pBatch::default(),
                     colls,
@@ -521,7 +522,7 @@ impl Communicator {
                 .run_colls(inner, st);
                 part.done(r.clone());
                 r
-            });
+            }));
         }
         work
     }

@@ -44,16 +44,14 @@ fn zombie(pid: u32) -> bool {
             break;
         }
     }
-    let mut len = 0;
-    for b in b"/proc/"
+    let name = b"/proc/"
         .iter()
         .chain(digits[..n].iter().rev())
-        .chain(b"/stat")
-    {
-        path[len] = *b;
-        len += 1;
+        .chain(b"/stat");
+    for (slot, b) in path.iter_mut().zip(name) {
+        *slot = *b;
     }
-    // SAFETY: `path` is NUL-terminated (zeroed beyond `len`, which is < 32).
+    // SAFETY: `path` is NUL-terminated (at most 21 bytes written of 32 zeroed).
     let fd = unsafe {
         libc::open(
             path.as_ptr() as *const libc::c_char,
