@@ -406,6 +406,7 @@ impl Communicator {
         let cores = std::thread::available_parallelism()
             .map(|c| c.get())
             .unwrap_or(1);
+        let lane = Lane::new(rank, lane_links, config.spin, local > cores)?;
         tracing::info!(
             rank,
             nranks,
@@ -451,7 +452,7 @@ impl Communicator {
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
                 direct,
-                lane: Lane::new(rank, lane_links)?,
+                lane,
                 _endpoints: Mutex::new(endpoints.into_iter().chain(lane_endpoints).collect()),
             }),
             timeout: None,

@@ -139,6 +139,7 @@ impl Communicator {
         let batch = P2pBatch::new(self.rank(), self.nranks(), ops)?;
         let (work, done) = Work::pending(call);
         self.post_p2p(&batch, Box::new(move |r| done.complete(r)));
+        self.inner.lane.drive(&self.inner, || work.is_done());
         work.wait()
     }
 
@@ -468,6 +469,7 @@ impl Communicator {
         };
         // The buffers are borrowed until the sends and receives finished
         // too (on an error, the lane fails them promptly).
+        self.inner.lane.drive(&self.inner, || p2p.is_done());
         let p2p = p2p.wait();
         colls.and(p2p)
     }

@@ -6,6 +6,13 @@
 //! comes, whatever this rank calls meanwhile, and "post a receive, then
 //! send" completes on both sides.
 //!
+//! Progress: the lane's state is shared by its thread and the callers. A
+//! blocking call (or a group, once its collectives ran) first drives the
+//! lane itself for up to `OXCCL_SPIN_US` (yielding when the host is
+//! oversubscribed), as the collectives' executor spins before it sleeps,
+//! so a small send or receive costs no thread hand-off; then it sleeps on
+//! its result and the thread finishes the work.
+//!
 //! Matching: per peer and direction, operations are matched in the order
 //! they were posted (MPI's non-overtaking rule, NCCL's per-peer order).
 //! Each message is one header (the collectives' format: the operation's
@@ -29,11 +36,10 @@ use crate::exec::header::{self, WireHeader, HEADER_LEN};
 use crate::exec::{self as executor};
 use crate::mem::Region;
 use crate::transport::Link;
-use crossbeam_channel::{unbounded, Receiver, Sender};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -96,20 +102,14 @@ impl Op {
     }
 }
 
-/// The lane of one communicator: where calls post, and the engine waiting
-/// to be started.
+/// The lane of one communicator: its shared state, the thread's wake-up,
+/// and how long callers drive it before they sleep.
 pub(crate) struct Lane {
-    post: Mutex<Posting>,
+    core: Arc<Mutex<Core>>,
     wake: Arc<OwnedFd>,
-    engine: Mutex<Option<Engine>>,
-}
-
-/// Numbering and the queue to the engine, under one lock so that the
-/// engine sees operations in the order they were numbered.
-struct Posting {
-    tx: Sender<Vec<Op>>,
-    sent: Vec<u64>,
-    received: Vec<u64>,
+    started: AtomicBool,
+    spin: Duration,
+    oversubscribed: bool,
 }
 
 /// One operation to post: `region` holds elements of `fp.dtype`.
@@ -123,39 +123,41 @@ pub(crate) struct LaneOp {
 
 impl Lane {
     /// The lane over `links` (one per peer; `None` for this rank).
-    pub(crate) fn new(me: usize, links: Vec<Option<Box<dyn Link>>>) -> Result<Lane> {
+    pub(crate) fn new(
+        me: usize,
+        links: Vec<Option<Box<dyn Link>>>,
+        spin: Duration,
+        oversubscribed: bool,
+    ) -> Result<Lane> {
         let n = links.len();
-        let (tx, rx) = unbounded();
         let wake =
             Arc::new(crate::sys::eventfd().map_err(|e| Error::System(format!("eventfd: {e}")))?);
         Ok(Lane {
-            post: Mutex::new(Posting {
-                tx,
-                sent: vec![0; n],
-                received: vec![0; n],
-            }),
-            wake: wake.clone(),
-            engine: Mutex::new(Some(Engine {
-                inner: Weak::new(),
+            core: Arc::new(Mutex::new(Core {
                 me,
                 links,
-                rx,
-                wake,
                 sends: (0..n).map(|_| VecDeque::new()).collect(),
                 recvs: (0..n).map(|_| VecDeque::new()).collect(),
+                sent: vec![0; n],
+                received: vec![0; n],
                 failed: None,
+                closed: false,
             })),
+            wake,
+            started: AtomicBool::new(false),
+            spin,
+            oversubscribed,
         })
     }
 
-    /// Wake the engine (an abort, a new post).
+    /// Wake the lane's thread (an abort, an error, a new post).
     pub(crate) fn wake(&self) {
         crate::sys::signal(self.wake.as_raw_fd());
     }
 
     /// Post `ops` (checked by the caller); `then` runs once all finished,
-    /// on the engine's thread (or here, when there is nothing to do or the
-    /// communicator already failed).
+    /// on whichever thread finishes the last one (or here, when there is
+    /// nothing to do or the communicator already failed).
     pub(crate) fn post(&self, inner: &Arc<Inner>, ops: &[LaneOp], timeout: Duration, then: Then) {
         if ops.is_empty() {
             return then(Ok(()));
@@ -172,59 +174,63 @@ impl Lane {
             then: Mutex::new(Some(then)),
         });
         let now = Instant::now();
-        let mut p = self.post.lock().unwrap();
-        let posted: Vec<Op> = ops
-            .iter()
-            .map(|o| {
-                let counter = match o.send {
-                    true => &mut p.sent[o.peer],
-                    false => &mut p.received[o.peer],
-                };
-                *counter += 1;
-                let seq = *counter - 1;
-                Op {
-                    send: o.send,
-                    peer: o.peer,
-                    region: o.region,
-                    fp: o.fp,
-                    seq,
-                    header: match o.send {
-                        true => header::encode(seq, 0, 0, o.region.len as u64, &o.fp),
-                        false => [0; HEADER_LEN],
-                    },
-                    moved: 0,
-                    deadline: now + timeout,
-                    timeout,
-                    batch: batch.clone(),
-                }
-            })
-            .collect();
-        if let Err(e) = p.tx.send(posted) {
-            // The engine is gone (its thread ended): fail the batch.
-            drop(p);
-            for op in e.0 {
-                op.batch.op_done(Err(Error::Aborted {
-                    by: None,
-                    world_by: None,
-                }));
-            }
-            return;
+        let mut core = self.core.lock().unwrap();
+        for o in ops {
+            let counter = match o.send {
+                true => &mut core.sent[o.peer],
+                false => &mut core.received[o.peer],
+            };
+            *counter += 1;
+            let seq = *counter - 1;
+            core.queue(Op {
+                send: o.send,
+                peer: o.peer,
+                region: o.region,
+                fp: o.fp,
+                seq,
+                header: match o.send {
+                    true => header::encode(seq, 0, 0, o.region.len as u64, &o.fp),
+                    false => [0; HEADER_LEN],
+                },
+                moved: 0,
+                deadline: now + timeout,
+                timeout,
+                batch: batch.clone(),
+            });
         }
-        drop(p);
+        drop(core);
         self.wake();
     }
 
-    /// Start the engine's thread, the first time.
+    /// Drive the lane from this thread until `done()` or the spin time is
+    /// up (then the caller sleeps on its result; the lane's thread goes on).
+    pub(crate) fn drive(&self, inner: &Inner, done: impl Fn() -> bool) {
+        let until = Instant::now() + self.spin;
+        while !done() && Instant::now() < until {
+            if let Ok(mut core) = self.core.try_lock() {
+                core.step(inner);
+            }
+            if self.oversubscribed {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+    }
+
+    /// Start the lane's thread, the first time.
     fn start(&self, inner: &Arc<Inner>) -> Result<()> {
-        let mut slot = self.engine.lock().unwrap();
-        let Some(mut engine) = slot.take() else {
+        if self.started.swap(true, Ordering::AcqRel) {
             return Ok(());
+        }
+        let thread = Thread {
+            inner: Arc::downgrade(inner),
+            core: self.core.clone(),
+            wake: self.wake.clone(),
         };
-        engine.inner = Arc::downgrade(inner);
-        let spawned = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("oxccl-p2p".into())
-            .spawn(move || engine.run());
-        spawned
+            .spawn(move || thread.run())
             .map(|_| ())
             .map_err(|e| Error::System(format!("cannot start the point-to-point thread: {e}")))
     }
@@ -232,100 +238,109 @@ impl Lane {
 
 impl Drop for Lane {
     fn drop(&mut self) {
-        // The engine sees its queue closed and ends.
+        // The thread sees the lane closed, fails what is left, and ends.
+        if let Ok(mut core) = self.core.lock() {
+            core.closed = true;
+        }
         self.wake();
     }
 }
 
-/// The lane's thread: per peer, a queue of sends and one of receives,
-/// progressed head first.
-struct Engine {
+/// The lane's thread: steps the lane, then sleeps on the links of the
+/// head operations, its wake-up, or the nearest deadline.
+struct Thread {
     inner: Weak<Inner>,
-    me: usize,
-    links: Vec<Option<Box<dyn Link>>>,
-    rx: Receiver<Vec<Op>>,
+    core: Arc<Mutex<Core>>,
     wake: Arc<OwnedFd>,
-    sends: Vec<VecDeque<Op>>,
-    recvs: Vec<VecDeque<Op>>,
-    /// Once the communicator failed: every later operation fails with it.
-    failed: Option<Error>,
 }
 
-impl Engine {
-    fn run(mut self) {
+impl Thread {
+    fn run(self) {
+        let mut fds = Vec::new();
         loop {
             crate::sys::drain(self.wake.as_raw_fd());
-            let mut closed = false;
-            loop {
-                match self.rx.try_recv() {
-                    Ok(ops) => self.queue(ops),
-                    Err(crossbeam_channel::TryRecvError::Empty) => break,
-                    Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                        closed = true;
-                        break;
-                    }
-                }
-            }
-            let Some(inner) = self.inner.upgrade().filter(|_| !closed) else {
-                // The communicator is gone: nothing can complete any more.
-                self.fail_all(Error::Aborted {
-                    by: None,
-                    world_by: None,
-                });
-                self.close();
-                return;
-            };
-            if self.failed.is_none() {
-                if let Some(e) = inner.poisoned() {
-                    self.fail(&inner, e, false);
-                }
-            }
-            if self.failed.is_some() {
-                let e = self.failed.clone().unwrap();
-                self.fail_all(e);
-                drop(inner);
-                self.sleep(Duration::from_secs(3600));
-                continue;
-            }
-            match self.progress(&inner) {
-                Ok(true) => continue,
-                Ok(false) => {}
-                Err(e) => {
-                    self.fail(&inner, e, true);
+            let limit = {
+                let mut core = self.core.lock().unwrap();
+                let inner = self.inner.upgrade().filter(|_| !core.closed);
+                let Some(inner) = inner else {
+                    // The communicator is gone: nothing can complete any more.
+                    core.fail_all(Error::Aborted {
+                        by: None,
+                        world_by: None,
+                    });
+                    core.close();
+                    return;
+                };
+                if core.step(&inner) {
                     continue;
                 }
-            }
-            if let Some(op) = self.overdue() {
-                let e = self.stalled(&inner, op);
-                self.fail(&inner, e, true);
-                continue;
-            }
-            drop(inner);
-            let next = self
-                .heads()
-                .map(|o| o.deadline)
-                .min()
-                .map_or(Duration::from_secs(3600), |d| {
-                    d.saturating_duration_since(Instant::now())
-                });
-            // Also look at the communicator's state now and then (an
-            // error elsewhere, an abort without a wake-up).
-            self.sleep(next.min(Duration::from_millis(200)));
+                drop(inner);
+                match core.poll_set(&mut fds, self.wake.as_raw_fd()) {
+                    Some(limit) => limit,
+                    None => continue, // a link became ready meanwhile
+                }
+            };
+            let ms = limit.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: a valid array of initialised pollfd, alive for the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        }
+    }
+}
+
+/// The lane's state: per peer, a queue of sends and one of receives,
+/// progressed head first, and the numbering of posted operations.
+struct Core {
+    me: usize,
+    links: Vec<Option<Box<dyn Link>>>,
+    sends: Vec<VecDeque<Op>>,
+    recvs: Vec<VecDeque<Op>>,
+    /// Operations posted per peer and direction (their numbers).
+    sent: Vec<u64>,
+    received: Vec<u64>,
+    /// Once the communicator failed: every later operation fails with it.
+    failed: Option<Error>,
+    /// The communicator is gone.
+    closed: bool,
+}
+
+impl Core {
+    fn queue(&mut self, op: Op) {
+        if let Some(e) = &self.failed {
+            return op.batch.op_done(Err(e.clone()));
+        }
+        let peer = op.peer;
+        match op.send {
+            true => self.sends[peer].push_back(op),
+            false => self.recvs[peer].push_back(op),
         }
     }
 
-    fn queue(&mut self, ops: Vec<Op>) {
-        for op in ops {
-            if let Some(e) = &self.failed {
-                op.batch.op_done(Err(e.clone()));
-                continue;
-            }
-            let peer = op.peer;
-            match op.send {
-                true => self.sends[peer].push_back(op),
-                false => self.recvs[peer].push_back(op),
+    /// One round: take the communicator's error, move what can move, fail
+    /// on a broken link or an overdue operation. Whether anything moved.
+    fn step(&mut self, inner: &Inner) -> bool {
+        if self.failed.is_none() {
+            if let Some(e) = inner.poisoned() {
+                self.fail(inner, e, false);
             }
         }
+        if let Some(e) = self.failed.clone() {
+            self.fail_all(e);
+            return false;
+        }
+        match self.progress(inner) {
+            Ok(true) => return true,
+            Ok(false) => {}
+            Err(e) => {
+                self.fail(inner, e, true);
+                return true;
+            }
+        }
+        if let Some(op) = self.overdue() {
+            let e = self.stalled(inner, op);
+            self.fail(inner, e, true);
+            return true;
+        }
+        false
     }
 
     fn heads(&self) -> impl Iterator<Item = &Op> {
@@ -362,7 +377,7 @@ impl Engine {
                         }
                         Ok(false) => break,
                         Err(e) => {
-                            let (mismatch, name) = (Engine::mismatch(op, &e), op.name());
+                            let (mismatch, name) = (mismatch(op, &e), op.name());
                             return Err(
                                 mismatch.unwrap_or_else(|| self.link_failed(inner, peer, &name, e))
                             );
@@ -382,14 +397,18 @@ impl Engine {
             .map(|o| (o.send, o.peer))
     }
 
-    /// Sleep until a link is ready for a head operation, a post or an
-    /// abort wakes the lane, or `limit` passes.
-    fn sleep(&mut self, limit: Duration) {
-        let mut fds = vec![libc::pollfd {
-            fd: self.wake.as_raw_fd(),
+    /// Fill `fds` with what the thread sleeps on (its wake-up first); how
+    /// long at most. `None`: a link became ready meanwhile (step again).
+    fn poll_set(&mut self, fds: &mut Vec<libc::pollfd>, wake: i32) -> Option<Duration> {
+        fds.clear();
+        fds.push(libc::pollfd {
+            fd: wake,
             events: libc::POLLIN,
             revents: 0,
-        }];
+        });
+        if self.failed.is_some() {
+            return Some(Duration::from_secs(3600));
+        }
         for peer in 0..self.links.len() {
             let (r, w) = (!self.recvs[peer].is_empty(), !self.sends[peer].is_empty());
             if !(r || w) {
@@ -397,7 +416,7 @@ impl Engine {
             }
             let link = self.links[peer].as_mut().unwrap();
             if link.arm(0, r, w) {
-                return; // ready meanwhile
+                return None;
             }
             fds.push(libc::pollfd {
                 fd: link.fd(0),
@@ -405,9 +424,16 @@ impl Engine {
                 revents: 0,
             });
         }
-        let ms = limit.as_millis().clamp(1, i32::MAX as u128) as i32;
-        // SAFETY: a valid array of initialised pollfd, alive for the call.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        let next = self
+            .heads()
+            .map(|o| o.deadline)
+            .min()
+            .map_or(Duration::from_secs(3600), |d| {
+                d.saturating_duration_since(Instant::now())
+            });
+        // Also look at the communicator's state now and then (an error
+        // elsewhere, an abort).
+        Some(next.min(Duration::from_millis(200)))
     }
 
     /// The first error: every operation fails with it, the links close,
@@ -417,8 +443,10 @@ impl Engine {
         if ours {
             inner.fail(e.clone());
         }
-        self.failed = Some(inner.poisoned().unwrap_or(e));
+        let e = inner.poisoned().unwrap_or(e);
+        self.failed = Some(e.clone());
         self.close();
+        self.fail_all(e);
     }
 
     fn fail_all(&mut self, e: Error) {
@@ -616,15 +644,13 @@ impl std::fmt::Display for LaneMismatch {
 
 impl std::error::Error for LaneMismatch {}
 
-impl Engine {
-    /// Turn a header mismatch into the error naming both sides.
-    fn mismatch(op: &Op, e: &std::io::Error) -> Option<Error> {
-        let m = e.get_ref()?.downcast_ref::<LaneMismatch>()?;
-        Some(Error::Mismatch {
-            local: executor::describe_call(&op.fp, op.seq),
-            peer: op.peer,
-            world_peer: op.peer,
-            remote: m.remote.clone(),
-        })
-    }
+/// Turn a header mismatch into the error naming both sides.
+fn mismatch(op: &Op, e: &std::io::Error) -> Option<Error> {
+    let m = e.get_ref()?.downcast_ref::<LaneMismatch>()?;
+    Some(Error::Mismatch {
+        local: executor::describe_call(&op.fp, op.seq),
+        peer: op.peer,
+        world_peer: op.peer,
+        remote: m.remote.clone(),
+    })
 }
