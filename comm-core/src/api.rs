@@ -113,7 +113,7 @@ pub(crate) fn run_coll(
     );
     let input = send.unwrap_or(recv);
     let bufs = [input, recv];
-    inner.execute(st, c.fingerprint(), &plan.sched, &bufs, None, plan.direct)
+    inner.execute(st, c.fingerprint(), &plan.sched, &bufs, plan.direct)
 }
 
 impl Communicator {

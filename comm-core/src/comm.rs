@@ -11,7 +11,7 @@
 //! cause instead of waiting for a timeout.
 
 use crate::bootstrap::{self, Control, ControlSender};
-use crate::call::{Fingerprint, Kind};
+use crate::call::Fingerprint;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::executor::{self, CallCtx, DirectCtx, Net, SyncFlags};
@@ -90,8 +90,6 @@ pub(crate) struct State {
     pub(crate) control: Control,
     /// Sequence number of the next collective.
     pub(crate) seq: u64,
-    /// Sequence number of the next point-to-point call (send, recv, group).
-    p2p_calls: u64,
     /// Number of the next monitored barrier.
     monitored: u64,
     /// The running call's own deadline, when its handle sets one.
@@ -436,7 +434,6 @@ impl Communicator {
                     sync_phase: 0,
                     schedules: Vec::new(),
                     seq: 0,
-                    p2p_calls: 0,
                     monitored: 0,
                     call_timeout: None,
                 }),
@@ -886,16 +883,10 @@ impl Inner {
         fp: Fingerprint,
         sched: &Schedule,
         bufs: &[Region],
-        per_step: Option<Vec<(u64, Fingerprint)>>,
         direct: bool,
     ) -> Result<()> {
-        let seq = if fp.kind == Kind::P2p {
-            st.p2p_calls += 1;
-            st.p2p_calls - 1
-        } else {
-            st.seq += 1;
-            st.seq - 1
-        };
+        let seq = st.seq;
+        st.seq += 1;
         let during = executor::CallName { fp, seq };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
         // Direct steps need the peers' memory of the call's registered
@@ -952,7 +943,6 @@ impl Inner {
             oversubscribed: self.oversubscribed,
             during,
             peers: &self.peers,
-            per_step,
             control: &mut st.control,
             sender: &self.sender,
             abort_fd: self.abort_fd.as_raw_fd(),

@@ -37,9 +37,6 @@ pub(crate) struct CallCtx<'a> {
     /// Names the call in messages (`all_reduce #12`); built only on error.
     pub during: CallName,
     pub peers: &'a [PeerInfo],
-    /// Point-to-point groups: the (pair sequence number, fingerprint) of the
-    /// operation each step belongs to, overriding `seq` and `fp`.
-    pub per_step: Option<Vec<(u64, Fingerprint)>>,
     pub control: &'a mut Control,
     pub sender: &'a std::sync::Mutex<ControlSender>,
     pub abort_fd: RawFd,
@@ -145,28 +142,20 @@ impl CallCtx<'_> {
         self.lost(peer, format!("{what} failed: {e}"))
     }
 
-    pub(super) fn seq_fp(&self, step: u32) -> (u64, Fingerprint) {
-        match &self.per_step {
-            Some(v) => v[step as usize],
-            None => (self.seq, self.fp),
-        }
-    }
-
-    pub(super) fn header(&self, step: u32, msg: u32, len: usize) -> [u8; HEADER_LEN] {
-        let (seq, fp) = self.seq_fp(step);
-        super::header::encode(seq, self.buf_ids(), msg, len as u64, &fp)
+    /// The header of message `msg` (`len` bytes) of this call.
+    pub(super) fn header(&self, msg: u32, len: usize) -> [u8; HEADER_LEN] {
+        super::header::encode(self.seq, self.buf_ids(), msg, len as u64, &self.fp)
     }
 
     /// Check a received header against what this rank expects.
     pub(super) fn check_header(
         &self,
-        step: u32,
         peer: usize,
         h: &[u8; HEADER_LEN],
         msg: u32,
         len: usize,
     ) -> Result<()> {
-        let (my_seq, my_fp) = self.seq_fp(step);
+        let (my_seq, my_fp) = (self.seq, self.fp);
         let Some(WireHeader {
             seq,
             bufs,

@@ -20,13 +20,7 @@ pub(crate) struct CallName {
 
 impl std::fmt::Display for CallName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.fp.kind == Kind::P2p {
-            // A group's own fingerprint is a placeholder (each message
-            // carries its operation's): name the call, not a fake count.
-            write!(f, "send/recv #{}", self.seq)
-        } else {
-            write!(f, "{} #{}", self.fp.kind.name(), self.seq)
-        }
+        write!(f, "{} #{}", self.fp.kind.name(), self.seq)
     }
 }
 

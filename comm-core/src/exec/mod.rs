@@ -519,7 +519,7 @@ fn execute_with(
                 let r = region(bufs, scratch, src, es);
                 let (p, n) = (r.ptr(), r.len);
                 if ch.s_off == 0 {
-                    ch.s_hdr = cx.header(i, msg_of[i as usize], n);
+                    ch.s_hdr = cx.header(msg_of[i as usize], n);
                 }
                 // SAFETY: the span was bounds-checked by `mem`; the caller keeps the
                 // buffer alive and unmodified for the call.
@@ -618,7 +618,7 @@ fn execute_with(
                         progressed |= k > 0;
                         if before < HEADER_LEN && ch.r_off >= HEADER_LEN {
                             let (peer, hdr) = (ch.peer, ch.r_hdr);
-                            cx.check_header(i, peer, &hdr, msg_of[i as usize], n)?
+                            cx.check_header(peer, &hdr, msg_of[i as usize], n)?
                         }
                         if ch.r_off == HEADER_LEN + n {
                             ch.r_off = 0;
