@@ -118,8 +118,9 @@ impl P2pBatch {
 
 impl Communicator {
     /// Post a checked batch to the lane (self-copies done at once); `then`
-    /// runs when every operation finished.
-    pub(crate) fn post_p2p(&self, b: &P2pBatch, then: Then) {
+    /// runs when every operation finished. `driven`: this thread drives the
+    /// lane next (see `Lane::post`).
+    pub(crate) fn post_p2p(&self, b: &P2pBatch, driven: bool, then: Then) {
         for (dst, src) in &b.self_copies {
             // SAFETY: checked host regions of equal length, valid for the
             // call (borrowed or owned by it); a receive and a send of one
@@ -130,7 +131,7 @@ impl Communicator {
         }
         self.inner
             .lane
-            .post(&self.inner, &b.ops, self.timeout(), then);
+            .post(&self.inner, &b.ops, self.timeout(), driven, then);
     }
 
     /// Post a batch and wait for it (the blocking calls).
@@ -138,7 +139,7 @@ impl Communicator {
         self.check_deadline()?;
         let batch = P2pBatch::new(self.rank(), self.nranks(), ops)?;
         let (work, done) = Work::pending(call);
-        self.post_p2p(&batch, Box::new(move |r| done.complete(r)));
+        self.post_p2p(&batch, true, Box::new(move |r| done.complete(r)));
         self.inner.lane.drive(&self.inner, || work.is_done());
         work.wait()
     }
@@ -170,6 +171,7 @@ impl Communicator {
         let (work, done) = Work::pending(call);
         self.post_p2p(
             &batch,
+            false,
             Box::new(move |r| {
                 // SAFETY: the lane finished with the memory.
                 let buf = unsafe { owned.take() };
@@ -462,7 +464,9 @@ impl Communicator {
         f(&mut g)?;
         let ready = g.finish()?;
         let (p2p, done) = Work::pending("group");
-        self.post_p2p(&ready.batch, Box::new(move |r| done.complete(r)));
+        // With collectives to run meanwhile, the lane's thread moves them.
+        let driven = ready.colls.is_empty();
+        self.post_p2p(&ready.batch, driven, Box::new(move |r| done.complete(r)));
         let colls = match ready.colls.is_empty() {
             true => Ok(()),
             false => self.run(|inner, st| ready.run_colls(inner, st)),
@@ -511,7 +515,7 @@ impl Communicator {
             bufs: owned,
         });
         let p2p = Part(Some(join.clone()));
-        self.post_p2p(&ready.batch, Box::new(move |r| p2p.done(r)));
+        self.post_p2p(&ready.batch, false, Box::new(move |r| p2p.done(r)));
         if has_colls {
             let part = Part(Some(join));
             let colls = ready.colls;

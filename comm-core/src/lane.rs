@@ -157,8 +157,17 @@ impl Lane {
 
     /// Post `ops` (checked by the caller); `then` runs once all finished,
     /// on whichever thread finishes the last one (or here, when there is
-    /// nothing to do or the communicator already failed).
-    pub(crate) fn post(&self, inner: &Arc<Inner>, ops: &[LaneOp], timeout: Duration, then: Then) {
+    /// nothing to do or the communicator already failed). `driven`: the
+    /// caller drives the lane next ([`Lane::drive`]), so the lane's thread
+    /// is not woken (it would only contend for the lane, and for a core).
+    pub(crate) fn post(
+        &self,
+        inner: &Arc<Inner>,
+        ops: &[LaneOp],
+        timeout: Duration,
+        driven: bool,
+        then: Then,
+    ) {
         if ops.is_empty() {
             return then(Ok(()));
         }
@@ -199,16 +208,25 @@ impl Lane {
             });
         }
         drop(core);
-        self.wake();
+        if !driven {
+            self.wake();
+        }
     }
 
     /// Drive the lane from this thread until `done()` or the spin time is
-    /// up (then the caller sleeps on its result; the lane's thread goes on).
+    /// up; then wake the lane's thread to go on (the caller sleeps on its
+    /// result).
     pub(crate) fn drive(&self, inner: &Inner, done: impl Fn() -> bool) {
         let until = Instant::now() + self.spin;
-        while !done() && Instant::now() < until {
+        while !done() {
             if let Ok(mut core) = self.core.try_lock() {
                 core.step(inner);
+            }
+            if done() {
+                return;
+            }
+            if Instant::now() >= until {
+                return self.wake();
             }
             if self.oversubscribed {
                 std::thread::yield_now();
