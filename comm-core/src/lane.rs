@@ -593,12 +593,20 @@ fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
 /// whether it is complete.
 fn read_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
     while op.moved < op.total() {
+        // SAFETY: as in `write_some`; nobody else touches the memory. (The
+        // payload is read with the header, as the collectives read plain
+        // receives: one call; a mismatch fails the receive anyway.)
+        let payload =
+            unsafe { std::slice::from_raw_parts_mut(op.region.addr as *mut u8, op.region.len) };
         let r = if op.moved < HEADER_LEN {
-            link.read(0, &mut [IoSliceMut::new(&mut op.header[op.moved..])])
+            link.read(
+                0,
+                &mut [
+                    IoSliceMut::new(&mut op.header[op.moved..]),
+                    IoSliceMut::new(payload),
+                ],
+            )
         } else {
-            // SAFETY: as in `write_some`; nobody else touches the memory.
-            let payload =
-                unsafe { std::slice::from_raw_parts_mut(op.region.addr as *mut u8, op.region.len) };
             link.read(
                 0,
                 &mut [IoSliceMut::new(&mut payload[op.moved - HEADER_LEN..])],

@@ -72,6 +72,10 @@ struct SlotState<R> {
     taken: bool,
     /// The task to wake when the result lands (`Future::poll`).
     waker: Option<Waker>,
+    /// Threads sleeping on the condvar (notifying is a system call even
+    /// when nobody sleeps: a small call completed by its own caller pays
+    /// nothing).
+    sleepers: usize,
 }
 
 /// Fills the slot once; dropping it unfilled (a job that never ran) fills
@@ -102,8 +106,11 @@ impl<R> Slot<R> {
         let mut s = self.state.lock().unwrap();
         s.result = Some(r);
         let waker = s.waker.take();
+        let sleepers = s.sleepers;
         drop(s);
-        self.cv.notify_all();
+        if sleepers > 0 {
+            self.cv.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -130,6 +137,7 @@ impl<R> Work<R> {
                     result: None,
                     taken: false,
                     waker: None,
+                    sleepers: 0,
                 }),
                 cv: Condvar::new(),
             }),
@@ -163,7 +171,9 @@ impl<R> Work<R> {
             if s.taken {
                 return Err(completed_twice(self.call));
             }
+            s.sleepers += 1;
             s = self.slot.cv.wait(s).unwrap();
+            s.sleepers -= 1;
         }
     }
 
@@ -182,7 +192,9 @@ impl<R> Work<R> {
             if left.is_zero() {
                 return false;
             }
+            s.sleepers += 1;
             s = self.slot.cv.wait_timeout(s, left).unwrap().0;
+            s.sleepers -= 1;
         }
     }
 
