@@ -82,8 +82,10 @@ struct Op {
     seq: u64,
     /// The header: built for a send, read into for a receive.
     header: [u8; HEADER_LEN],
-    /// Bytes moved so far, header included.
-    moved: usize,
+    /// The payload's parts, one per stream of the link (one part below
+    /// `SPLIT_BYTES`); part 0 goes after the header on stream 0.
+    parts: [Part; MAX_PARTS],
+    nparts: usize,
     deadline: Instant,
     timeout: Duration,
     batch: Arc<Batch>,
@@ -97,9 +99,65 @@ impl Op {
         }
     }
 
-    fn total(&self) -> usize {
-        HEADER_LEN + self.region.len
+    /// Bytes moved so far, headers included.
+    fn moved(&self) -> usize {
+        self.parts[..self.nparts].iter().map(|p| p.moved).sum()
     }
+}
+
+/// Payloads of at least this many bytes are split over every stream of the
+/// link (TCP's sockets move in parallel), as the collectives spread their
+/// messages; smaller ones travel whole on stream 0.
+const SPLIT_BYTES: usize = 256 << 10;
+
+/// Most streams one operation uses.
+const MAX_PARTS: usize = 8;
+
+/// One stream's share of an operation: `start..end` of the payload (after
+/// the header on stream 0), `moved` bytes of it done (header included).
+#[derive(Clone, Copy, Debug, Default)]
+struct Part {
+    stream: usize,
+    start: usize,
+    end: usize,
+    moved: usize,
+}
+
+impl Part {
+    fn header(&self) -> usize {
+        if self.stream == 0 {
+            HEADER_LEN
+        } else {
+            0
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.header() + self.end - self.start
+    }
+
+    fn done(&self) -> bool {
+        self.moved == self.len()
+    }
+}
+
+/// The parts of a `len`-byte payload over a link of `streams` streams.
+fn split(len: usize, streams: usize) -> ([Part; MAX_PARTS], usize) {
+    let n = if len >= SPLIT_BYTES {
+        streams.clamp(1, MAX_PARTS)
+    } else {
+        1
+    };
+    let mut parts = [Part::default(); MAX_PARTS];
+    for (i, p) in parts[..n].iter_mut().enumerate() {
+        *p = Part {
+            stream: i,
+            start: len * i / n,
+            end: len * (i + 1) / n,
+            moved: 0,
+        };
+    }
+    (parts, n)
 }
 
 /// The lane of one communicator: its shared state, the thread's wake-up,
@@ -191,6 +249,8 @@ impl Lane {
             };
             *counter += 1;
             let seq = *counter - 1;
+            let streams = core.links[o.peer].as_ref().map_or(1, |l| l.streams());
+            let (parts, nparts) = split(o.region.len, streams);
             core.queue(Op {
                 send: o.send,
                 peer: o.peer,
@@ -201,7 +261,8 @@ impl Lane {
                     true => header::encode(seq, 0, 0, o.region.len as u64, &o.fp),
                     false => [0; HEADER_LEN],
                 },
-                moved: 0,
+                parts,
+                nparts,
                 deadline: now + timeout,
                 timeout,
                 batch: batch.clone(),
@@ -213,14 +274,16 @@ impl Lane {
         }
     }
 
-    /// Drive the lane from this thread until `done()` or the spin time is
-    /// up; then wake the lane's thread to go on (the caller sleeps on its
-    /// result).
+    /// Drive the lane from this thread until `done()`, or until nothing
+    /// moved for the spin time; then wake the lane's thread to go on (the
+    /// caller sleeps on its result).
     pub(crate) fn drive(&self, inner: &Inner, done: impl Fn() -> bool) {
-        let until = Instant::now() + self.spin;
+        let mut until = Instant::now() + self.spin;
         while !done() {
             if let Ok(mut core) = self.core.try_lock() {
-                core.step(inner);
+                if core.step(inner) {
+                    until = Instant::now() + self.spin;
+                }
             }
             if done() {
                 return;
@@ -382,12 +445,12 @@ impl Core {
                         break;
                     };
                     let link = self.links[peer].as_mut().unwrap();
-                    let before = op.moved;
+                    let before = op.moved();
                     let step = match send {
                         true => write_some(link.as_mut(), op),
                         false => read_some(link.as_mut(), op),
                     };
-                    moved |= op.moved != before;
+                    moved |= op.moved() != before;
                     match step {
                         Ok(true) => {
                             let op = queue.pop_front().unwrap();
@@ -428,19 +491,40 @@ impl Core {
             return Some(Duration::from_secs(3600));
         }
         for peer in 0..self.links.len() {
-            let (r, w) = (!self.recvs[peer].is_empty(), !self.sends[peer].is_empty());
-            if !(r || w) {
-                continue;
+            // The streams the head operations wait on: (read, write) each.
+            let mut wants = [(false, false); MAX_PARTS];
+            let heads = [
+                (false, self.recvs[peer].front()),
+                (true, self.sends[peer].front()),
+            ];
+            for (send, op) in heads {
+                for p in op
+                    .iter()
+                    .flat_map(|o| &o.parts[..o.nparts])
+                    .filter(|p| !p.done())
+                {
+                    match send {
+                        true => wants[p.stream].1 = true,
+                        false => wants[p.stream].0 = true,
+                    }
+                }
             }
-            let link = self.links[peer].as_mut().unwrap();
-            if link.arm(0, r, w) {
-                return None;
+            let Some(link) = self.links[peer].as_mut() else {
+                continue; // this rank itself
+            };
+            for (stream, (r, w)) in wants.into_iter().enumerate() {
+                if !(r || w) {
+                    continue;
+                }
+                if link.arm(stream, r, w) {
+                    return None;
+                }
+                fds.push(libc::pollfd {
+                    fd: link.fd(stream),
+                    events: link.poll_events(stream, r, w),
+                    revents: 0,
+                });
             }
-            fds.push(libc::pollfd {
-                fd: link.fd(0),
-                events: link.poll_events(0, r, w),
-                revents: 0,
-            });
         }
         let next = self
             .heads()
@@ -563,81 +647,97 @@ impl Core {
     }
 }
 
-/// Write what the link takes of a send; whether it is complete.
+/// Write what the link takes of a send, on every stream it uses; whether
+/// it is complete.
 fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
-    while op.moved < op.total() {
-        // SAFETY: the poster keeps the memory valid and unwritten until the
-        // operation completes (a blocking call waits; an async call owns it).
-        let payload =
-            unsafe { std::slice::from_raw_parts(op.region.addr as *const u8, op.region.len) };
-        let r = if op.moved < HEADER_LEN {
-            link.write(
-                0,
-                &[IoSlice::new(&op.header[op.moved..]), IoSlice::new(payload)],
-            )
-        } else {
-            link.write(0, &[IoSlice::new(&payload[op.moved - HEADER_LEN..])])
-        };
-        match r {
-            Ok(0) => return Ok(false),
-            Ok(n) => op.moved += n,
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
+    // SAFETY: the poster keeps the memory valid and unwritten until the
+    // operation completes (a blocking call waits; an async call owns it).
+    let payload = unsafe { std::slice::from_raw_parts(op.region.addr as *const u8, op.region.len) };
+    let mut complete = true;
+    for part in op.parts[..op.nparts].iter_mut() {
+        while !part.done() {
+            let body = &payload[part.start..part.end];
+            let r = if part.moved < part.header() {
+                let bufs = [IoSlice::new(&op.header[part.moved..]), IoSlice::new(body)];
+                link.write(part.stream, &bufs)
+            } else {
+                let off = part.moved - part.header();
+                link.write(part.stream, &[IoSlice::new(&body[off..])])
+            };
+            match r {
+                Ok(0) => {
+                    complete = false;
+                    break;
+                }
+                Ok(n) => part.moved += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    complete = false;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
         }
     }
-    Ok(true)
+    Ok(complete)
 }
 
-/// Read what has arrived of a receive (checking the header once whole);
-/// whether it is complete.
+/// Read what has arrived of a receive, on every stream it uses (checking
+/// the header once whole); whether it is complete.
 fn read_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
-    while op.moved < op.total() {
-        // SAFETY: as in `write_some`; nobody else touches the memory. (The
-        // payload is read with the header, as the collectives read plain
-        // receives: one call; a mismatch fails the receive anyway.)
-        let payload =
-            unsafe { std::slice::from_raw_parts_mut(op.region.addr as *mut u8, op.region.len) };
-        let r = if op.moved < HEADER_LEN {
-            link.read(
-                0,
-                &mut [
-                    IoSliceMut::new(&mut op.header[op.moved..]),
-                    IoSliceMut::new(payload),
-                ],
-            )
-        } else {
-            link.read(
-                0,
-                &mut [IoSliceMut::new(&mut payload[op.moved - HEADER_LEN..])],
-            )
-        };
-        match r {
-            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-            Ok(n) => {
-                let had_header = op.moved >= HEADER_LEN;
-                op.moved += n;
-                if !had_header && op.moved >= HEADER_LEN {
-                    check_header(op)?;
+    // SAFETY: as in `write_some`; nobody else touches the memory. (A part
+    // is read with the header, as the collectives read plain receives: one
+    // call; a mismatch fails the receive anyway.)
+    let payload =
+        unsafe { std::slice::from_raw_parts_mut(op.region.addr as *mut u8, op.region.len) };
+    let mut complete = true;
+    for i in 0..op.nparts {
+        let part = &mut op.parts[i];
+        while !part.done() {
+            let body = &mut payload[part.start..part.end];
+            let r = if part.moved < part.header() {
+                let mut bufs = [
+                    IoSliceMut::new(&mut op.header[part.moved..]),
+                    IoSliceMut::new(body),
+                ];
+                link.read(part.stream, &mut bufs)
+            } else {
+                let off = part.moved - part.header();
+                link.read(part.stream, &mut [IoSliceMut::new(&mut body[off..])])
+            };
+            match r {
+                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
+                    let before = part.moved;
+                    part.moved += n;
+                    if before < part.header() && part.moved >= part.header() {
+                        check_header(&op.header, op.seq, &op.fp, op.region.len)?;
+                    }
                 }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    complete = false;
+                    break;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
-            Err(e) if e.kind() == ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
         }
     }
-    Ok(true)
+    Ok(complete)
 }
 
 /// A received header must be the matching send's: the same number, an
 /// agreeing fingerprint, the same length. (Reported as `InvalidData`
 /// carrying the mismatch, turned into the error by the engine.)
-fn check_header(op: &Op) -> std::io::Result<()> {
-    let theirs = WireHeader::parse(&op.header);
+fn check_header(
+    header: &[u8; HEADER_LEN],
+    seq: u64,
+    fp: &Fingerprint,
+    len: usize,
+) -> std::io::Result<()> {
+    let theirs = WireHeader::parse(header);
     let agrees = theirs.is_some_and(|h| {
-        h.seq == op.seq
-            && h.fp.is_some_and(|fp| fp.agrees_with(&op.fp))
-            && h.len == op.region.len as u64
+        h.seq == seq && h.fp.is_some_and(|f| f.agrees_with(fp)) && h.len == len as u64
     });
     if agrees {
         return Ok(());
