@@ -357,24 +357,37 @@ impl Communicator {
             assigned[p.rank] = (transports.choose)(&config, &me, p)?;
         }
         let k = transports.list.len();
-        let links = connect_all(
-            &mut endpoints,
-            &ctx,
-            &peers,
-            &assigned,
-            0,
-            &transports,
-            deadline,
-        )?;
-        let lane_links = connect_all(
-            &mut lane_endpoints,
-            &lane_ctx,
-            &peers,
-            &assigned,
-            k,
-            &transports,
-            deadline,
-        )?;
+        // Both sets connect at once (the lane's on a helper thread): the
+        // lane costs init little more than its own setup's latency.
+        let (links, lane_links) = std::thread::scope(|s| {
+            let lane = s.spawn(|| {
+                connect_all(
+                    &mut lane_endpoints,
+                    &lane_ctx,
+                    &peers,
+                    &assigned,
+                    k,
+                    &transports,
+                    deadline,
+                )
+            });
+            let links = connect_all(
+                &mut endpoints,
+                &ctx,
+                &peers,
+                &assigned,
+                0,
+                &transports,
+                deadline,
+            );
+            let lane = lane.join().unwrap_or_else(|_| {
+                Err(Error::Bootstrap(
+                    "connecting the point-to-point lane panicked".into(),
+                ))
+            });
+            (links, lane)
+        });
+        let (links, lane_links) = (links?, lane_links?);
         let mut per_transport = Vec::new();
         // The one endpoint serving every peer, if there is one (direct
         // access needs it).
