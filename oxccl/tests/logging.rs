@@ -18,6 +18,23 @@ fn an_application_sets_its_own_subscriber_after_using_oxccl() {
         let e = c.broadcast_in_place(&mut v, 7).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     });
+    // And through `from_env`, as a launcher starts a (one-rank) job.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    for (k, v) in [
+        ("RANK", "0".to_string()),
+        ("WORLD_SIZE", "1".into()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("OXCCL_SOCKET_IFNAME", "lo".into()),
+    ] {
+        std::env::set_var(k, v);
+    }
+    let world = Communicator::from_env().unwrap();
+    world.barrier().unwrap();
     assert!(
         !tracing::dispatcher::has_been_set(),
         "the library installed a global tracing subscriber"
