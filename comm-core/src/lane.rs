@@ -664,18 +664,12 @@ fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
                 let off = part.moved - part.header();
                 link.write(part.stream, &[IoSlice::new(&body[off..])])
             };
-            match r {
-                Ok(0) => {
+            match outcome(r, false)? {
+                Some(n) => part.moved += n,
+                None => {
                     complete = false;
                     break;
                 }
-                Ok(n) => part.moved += n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    complete = false;
-                    break;
-                }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
             }
         }
     }
@@ -705,25 +699,36 @@ fn read_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
                 let off = part.moved - part.header();
                 link.read(part.stream, &mut [IoSliceMut::new(&mut body[off..])])
             };
-            match r {
-                Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
-                Ok(n) => {
+            match outcome(r, true)? {
+                Some(n) => {
                     let before = part.moved;
                     part.moved += n;
                     if before < part.header() && part.moved >= part.header() {
                         check_header(&op.header, op.seq, &op.fp, op.region.len)?;
                     }
                 }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                None => {
                     complete = false;
                     break;
                 }
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
             }
         }
     }
     Ok(complete)
+}
+
+/// A link call's outcome: bytes moved (`Some`; 0 after an interruption,
+/// to retry), or `None` when the stream is full (or empty) for now. End of
+/// stream on a read is the peer gone.
+fn outcome(r: std::io::Result<usize>, reading: bool) -> std::io::Result<Option<usize>> {
+    match r {
+        Ok(0) if reading => Err(ErrorKind::UnexpectedEof.into()),
+        Ok(0) => Ok(None),
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+        Err(e) if e.kind() == ErrorKind::Interrupted => Ok(Some(0)),
+        Err(e) => Err(e),
+    }
 }
 
 /// A received header must be the matching send's: the same number, an
