@@ -278,23 +278,27 @@ impl Lane {
     /// moved for the spin time; then wake the lane's thread to go on (the
     /// caller sleeps on its result).
     pub(crate) fn drive(&self, inner: &Inner, done: impl Fn() -> bool) {
-        let mut until = Instant::now() + self.spin;
+        let mut idle_since = Instant::now();
         while !done() {
             if let Ok(mut core) = self.core.try_lock() {
                 if core.step(inner) {
-                    until = Instant::now() + self.spin;
+                    idle_since = Instant::now();
                 }
             }
             if done() {
                 return;
             }
-            if Instant::now() >= until {
+            let idle = idle_since.elapsed();
+            if idle >= self.spin {
                 return self.wake();
             }
-            if self.oversubscribed {
-                std::thread::yield_now();
-            } else {
+            // As the executor: a pure spin for the first microseconds (the
+            // data is usually on its way), then yield so the peer (or the
+            // kernel's work for a socket) can run on this core.
+            if !self.oversubscribed && idle < crate::exec::PURE_SPIN {
                 std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
             }
         }
     }

@@ -48,7 +48,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a waiting call spins without yielding when it has a core.
-const PURE_SPIN: Duration = Duration::from_micros(2);
+pub(crate) const PURE_SPIN: Duration = Duration::from_micros(2);
 /// Streams per link the staging table is sized for.
 pub const MAX_STREAMS: usize = 16;
 
