@@ -935,14 +935,10 @@ fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
     }
     let pid = cx.peers.get(peer).map_or(0, |p| p.pid);
     if pid != 0 && crate::sys::process_gone(pid) {
-        return Err(Error::PeerLost {
-            rank: peer,
-            world_rank: peer,
-            host: cx.host(peer),
-            pid,
-            during: cx.during.to_string(),
-            detail: format!("its process (pid {pid}) no longer exists"),
-        });
+        // A peer that ended after failing itself (its error already on its
+        // way through the root) is not the cause: wait for the notice, as
+        // for a closed link.
+        return Err(cx.lost(peer, format!("its process (pid {pid}) no longer exists")));
     }
     Ok(())
 }
