@@ -7,11 +7,11 @@
 //! send" completes on both sides.
 //!
 //! Progress: the lane's state is shared by its thread and the callers. A
-//! blocking call (or a group, once its collectives ran) first drives the
-//! lane itself for up to `OXCCL_SPIN_US` (yielding when the host is
-//! oversubscribed), as the collectives' executor spins before it sleeps,
-//! so a small send or receive costs no thread hand-off; then it sleeps on
-//! its result and the thread finishes the work.
+//! blocking call (or a group without collectives) drives the lane itself
+//! while bytes move and for `OXCCL_SPIN_US` once idle (a pure spin for 2
+//! µs, then yielding, as the collectives' executor waits), without waking
+//! the lane's thread, so a small send or receive costs no thread hand-off;
+//! then it wakes the thread and sleeps on its result.
 //!
 //! Matching: per peer and direction, operations are matched in the order
 //! they were posted (MPI's non-overtaking rule, NCCL's per-peer order).
@@ -344,10 +344,12 @@ impl Thread {
         let mut fds = Vec::new();
         loop {
             crate::sys::drain(self.wake.as_raw_fd());
+            // Upgraded outside the lock and dropped after it: if this is the
+            // last handle, dropping it drops the lane, which takes the lock.
+            let inner = self.inner.upgrade();
             let limit = {
                 let mut core = self.core.lock().unwrap();
-                let inner = self.inner.upgrade().filter(|_| !core.closed);
-                let Some(inner) = inner else {
+                let Some(inner) = inner.as_ref().filter(|_| !core.closed) else {
                     // The communicator is gone: nothing can complete any more.
                     core.fail_all(Error::Aborted {
                         by: None,
@@ -356,18 +358,16 @@ impl Thread {
                     core.close();
                     return;
                 };
-                if core.step(&inner) {
-                    continue;
-                }
-                drop(inner);
-                match core.poll_set(&mut fds, self.wake.as_raw_fd()) {
-                    Some(limit) => limit,
-                    None => continue, // a link became ready meanwhile
+                match core.step(inner) {
+                    true => None,
+                    // `None` from the set: a link became ready meanwhile.
+                    false => core.poll_set(&mut fds, self.wake.as_raw_fd()),
                 }
             };
-            let ms = limit.as_millis().clamp(1, i32::MAX as u128) as i32;
-            // SAFETY: a valid array of initialised pollfd, alive for the call.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            drop(inner);
+            if let Some(limit) = limit {
+                crate::sys::poll(&mut fds, limit);
+            }
         }
     }
 }
@@ -461,11 +461,17 @@ impl Core {
                             op.batch.op_done(Ok(()));
                         }
                         Ok(false) => break,
-                        Err(e) => {
-                            let (mismatch, name) = (mismatch(op, &e), op.name());
-                            return Err(
-                                mismatch.unwrap_or_else(|| self.link_failed(inner, peer, &name, e))
-                            );
+                        Err(Fault::Mismatch(remote)) => {
+                            return Err(Error::Mismatch {
+                                local: executor::describe_call(&op.fp, op.seq),
+                                peer,
+                                world_peer: peer,
+                                remote,
+                            });
+                        }
+                        Err(Fault::Link(e)) => {
+                            let name = op.name();
+                            return Err(self.link_failed(inner, peer, &name, e));
                         }
                     }
                 }
@@ -597,29 +603,13 @@ impl Core {
         if let Some(x) = self.explanation(inner, op_name) {
             return x;
         }
-        let (rank, detail) = executor::blame_closed(
-            self.me,
-            peer,
-            &inner.peers,
-            match e.kind() {
-                ErrorKind::UnexpectedEof => {
-                    "its connection closed (process exited or was killed)".into()
-                }
-                _ => format!("{op_name} failed: {e}"),
-            },
-        );
-        Error::PeerLost {
-            rank,
-            world_rank: rank,
-            host: inner
-                .peers
-                .get(rank)
-                .map(|p| p.hostname.clone())
-                .unwrap_or_default(),
-            pid: 0,
-            during: op_name.to_string(),
-            detail,
-        }
+        let detail = match e.kind() {
+            ErrorKind::UnexpectedEof => {
+                "its connection closed (process exited or was killed)".into()
+            }
+            _ => format!("{op_name} failed: {e}"),
+        };
+        executor::closed_link(self.me, peer, &inner.peers, op_name, detail)
     }
 
     /// The head operation (`send`, `peer`) passed its deadline: report it
@@ -653,7 +643,7 @@ impl Core {
 
 /// Write what the link takes of a send, on every stream it uses; whether
 /// it is complete.
-fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
+fn write_some(link: &mut dyn Link, op: &mut Op) -> Result<bool, Fault> {
     // SAFETY: the poster keeps the memory valid and unwritten until the
     // operation completes (a blocking call waits; an async call owns it).
     let payload = unsafe { std::slice::from_raw_parts(op.region.addr as *const u8, op.region.len) };
@@ -668,7 +658,7 @@ fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
                 let off = part.moved - part.header();
                 link.write(part.stream, &[IoSlice::new(&body[off..])])
             };
-            match outcome(r, false)? {
+            match outcome(r, false).map_err(Fault::Link)? {
                 Some(n) => part.moved += n,
                 None => {
                     complete = false;
@@ -682,7 +672,7 @@ fn write_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
 
 /// Read what has arrived of a receive, on every stream it uses (checking
 /// the header once whole); whether it is complete.
-fn read_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
+fn read_some(link: &mut dyn Link, op: &mut Op) -> Result<bool, Fault> {
     // SAFETY: as in `write_some`; nobody else touches the memory. (A part
     // is read with the header, as the collectives read plain receives: one
     // call; a mismatch fails the receive anyway.)
@@ -703,12 +693,13 @@ fn read_some(link: &mut dyn Link, op: &mut Op) -> std::io::Result<bool> {
                 let off = part.moved - part.header();
                 link.read(part.stream, &mut [IoSliceMut::new(&mut body[off..])])
             };
-            match outcome(r, true)? {
+            match outcome(r, true).map_err(Fault::Link)? {
                 Some(n) => {
                     let before = part.moved;
                     part.moved += n;
                     if before < part.header() && part.moved >= part.header() {
-                        check_header(&op.header, op.seq, &op.fp, op.region.len)?;
+                        check_header(&op.header, op.seq, &op.fp, op.region.len)
+                            .map_err(Fault::Mismatch)?;
                     }
                 }
                 None => {
@@ -735,15 +726,22 @@ fn outcome(r: std::io::Result<usize>, reading: bool) -> std::io::Result<Option<u
     }
 }
 
+/// Why moving an operation's bytes stopped.
+enum Fault {
+    /// The link failed (or the peer closed it).
+    Link(std::io::Error),
+    /// The peer sent another operation than the one expected: what it sent.
+    Mismatch(String),
+}
+
 /// A received header must be the matching send's: the same number, an
-/// agreeing fingerprint, the same length. (Reported as `InvalidData`
-/// carrying the mismatch, turned into the error by the engine.)
+/// agreeing fingerprint, the same length; else what the peer sent instead.
 fn check_header(
     header: &[u8; HEADER_LEN],
     seq: u64,
     fp: &Fingerprint,
     len: usize,
-) -> std::io::Result<()> {
+) -> std::result::Result<(), String> {
     let theirs = WireHeader::parse(header);
     let agrees = theirs.is_some_and(|h| {
         h.seq == seq && h.fp.is_some_and(|f| f.agrees_with(fp)) && h.len == len as u64
@@ -751,41 +749,11 @@ fn check_header(
     if agrees {
         return Ok(());
     }
-    Err(std::io::Error::new(
-        ErrorKind::InvalidData,
-        LaneMismatch {
-            remote: match theirs {
-                Some(h) => match h.fp {
-                    Some(fp) => executor::describe_call(&fp, h.seq),
-                    None => "an unreadable operation".into(),
-                },
-                None => "bytes that are not an oxccl message".into(),
-            },
+    Err(match theirs {
+        Some(h) => match h.fp {
+            Some(fp) => executor::describe_call(&fp, h.seq),
+            None => "an unreadable operation".into(),
         },
-    ))
-}
-
-/// What the peer sent instead of the expected message.
-#[derive(Debug)]
-struct LaneMismatch {
-    remote: String,
-}
-
-impl std::fmt::Display for LaneMismatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.remote)
-    }
-}
-
-impl std::error::Error for LaneMismatch {}
-
-/// Turn a header mismatch into the error naming both sides.
-fn mismatch(op: &Op, e: &std::io::Error) -> Option<Error> {
-    let m = e.get_ref()?.downcast_ref::<LaneMismatch>()?;
-    Some(Error::Mismatch {
-        local: executor::describe_call(&op.fp, op.seq),
-        peer: op.peer,
-        world_peer: op.peer,
-        remote: m.remote.clone(),
+        None => "bytes that are not an oxccl message".into(),
     })
 }

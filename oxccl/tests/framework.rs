@@ -409,3 +409,33 @@ fn a_posted_receive_does_not_hold_up_later_collectives() {
         assert!(got.iter().all(|b| *b == peer as u8));
     });
 }
+
+#[test]
+fn a_receive_that_does_not_match_its_send_is_a_mismatch_naming_both() {
+    // Same bytes, different operation: 4 f32 sent, 8 bf16 expected.
+    with_ranks(2, test_config(), |c| {
+        if c.rank() == 0 {
+            c.send(&[1f32; 4], 1).unwrap();
+            // The receiver's verdict reaches the sender at its next call.
+            let e = c.barrier().unwrap_err();
+            assert!(
+                matches!(e, Error::Mismatch { peer: 1, .. }),
+                "rank 0: {e:?}"
+            );
+        } else {
+            let mut got = [bf16::ZERO; 8];
+            let e = c.recv(&mut got, 0).unwrap_err();
+            let Error::Mismatch {
+                local,
+                remote,
+                peer,
+                ..
+            } = &e
+            else {
+                panic!("rank 1: {e:?}");
+            };
+            assert_eq!(*peer, 0);
+            assert!(local.contains("bf16") && remote.contains("f32"), "{e}");
+        }
+    });
+}

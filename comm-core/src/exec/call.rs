@@ -59,13 +59,6 @@ impl CallCtx<'_> {
         self.direct.as_ref().map_or(0, |dx| dx.ids())
     }
 
-    pub(super) fn host(&self, rank: usize) -> String {
-        self.peers
-            .get(rank)
-            .map(|p| p.hostname.clone())
-            .unwrap_or_default()
-    }
-
     /// Turn a control-plane notice into this call's error.
     pub fn notice_error(&self, n: Notice) -> Error {
         notice_to_error(
@@ -105,24 +98,14 @@ impl CallCtx<'_> {
         }
     }
 
-    /// A peer's connection broke: unless the control plane explains it,
-    /// blame the peer — unless the peer's process is seen alive and another
-    /// rank's is seen gone (a rank that failed because of a death closes
-    /// its links too; with the root gone, as when it lived in the dead
-    /// process, no notice says so).
+    /// A peer's connection broke: the control plane's explanation, else
+    /// `failure::closed_link`'s verdict.
     pub(super) fn lost(&mut self, peer: usize, detail: String) -> Error {
         if let Some(e) = self.explained() {
             return e;
         }
-        let (rank, detail) = super::failure::blame_closed(self.rank, peer, self.peers, detail);
-        Error::PeerLost {
-            rank,
-            world_rank: rank,
-            host: self.host(rank),
-            pid: 0,
-            during: self.during.to_string(),
-            detail,
-        }
+        let during = self.during.to_string();
+        super::failure::closed_link(self.rank, peer, self.peers, &during, detail)
     }
 
     /// A link call failed. `InvalidData` is the transport's verdict that the

@@ -46,17 +46,7 @@ pub(crate) fn notice_to_error(
     own: &str,
 ) -> Error {
     match n {
-        Notice::Lost { rank, detail } => Error::PeerLost {
-            rank,
-            world_rank: rank,
-            host: peers
-                .get(rank)
-                .map(|p| p.hostname.clone())
-                .unwrap_or_default(),
-            pid: peers.get(rank).map_or(0, |p| p.pid),
-            during: during.to_string(),
-            detail,
-        },
+        Notice::Lost { rank, detail } => peer_lost(rank, peers, during, detail),
         Notice::Failed {
             origin,
             aborted: true,
@@ -201,33 +191,49 @@ pub(crate) fn stall_error(
     }
 }
 
-/// Whom to blame when `peer` closed its connection and no notice explains
-/// why: the peer — unless its process is seen alive while another rank's
-/// is seen gone (a rank that failed because of a death closes its links
-/// too; with the root gone, as when it lived in the dead process, no notice
-/// says so). The rank and the detail for the message.
-pub(crate) fn blame_closed(
+/// `PeerLost` naming `rank`, with its host and pid from the peer table.
+pub(crate) fn peer_lost(rank: usize, peers: &[PeerInfo], during: &str, detail: String) -> Error {
+    let p = peers.get(rank);
+    Error::PeerLost {
+        rank,
+        world_rank: rank,
+        host: p.map(|p| p.hostname.clone()).unwrap_or_default(),
+        pid: p.map_or(0, |p| p.pid),
+        during: during.to_string(),
+        detail,
+    }
+}
+
+/// The error for a connection to `peer` that closed with no notice
+/// explaining why: `peer` lost — unless its process is seen alive while
+/// another rank's is seen gone (a rank that failed because of a death
+/// closes its links too; with the root gone, as when it lived in the dead
+/// process, no notice says so), then that rank.
+pub(crate) fn closed_link(
     me: usize,
     peer: usize,
     peers: &[PeerInfo],
+    during: &str,
     detail: String,
-) -> (usize, String) {
+) -> Error {
     let alive = |r: usize| process_alive(&peers[me], &peers[r]);
-    if alive(peer) != Some(true) {
-        return (peer, detail);
-    }
-    match (0..peers.len())
-        .filter(|r| *r != me && *r != peer)
-        .find(|r| alive(*r) == Some(false))
-    {
-        Some(dead) => (
-            dead,
+    let dead = match alive(peer) {
+        Some(true) => (0..peers.len())
+            .filter(|r| *r != me && *r != peer)
+            .find(|r| alive(*r) == Some(false)),
+        _ => None,
+    };
+    match dead {
+        Some(d) => peer_lost(
+            d,
+            peers,
+            during,
             format!(
                 "its process is gone (rank {peer} closed its connection to this rank, but rank {peer}'s \
                  process is alive: it failed because of this one)"
             ),
         ),
-        None => (peer, detail),
+        None => peer_lost(peer, peers, during, detail),
     }
 }
 

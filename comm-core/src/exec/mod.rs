@@ -31,7 +31,7 @@ pub(crate) use direct::describe_own;
 use direct::PeerSpan;
 pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
 pub(crate) use failure::{
-    blame_closed, describe_call, notice_for, notice_to_error, stall_error, CallName,
+    closed_link, describe_call, notice_for, notice_to_error, stall_error, CallName,
 };
 pub use header::{WireHeader, HEADER_LEN};
 

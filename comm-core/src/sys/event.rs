@@ -29,6 +29,14 @@ pub fn drain(fd: RawFd) {
     unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
 }
 
+/// `poll(2)` on `fds` for at most `timeout` (at least 1 ms); the number of
+/// ready fds (an interrupted wait returns early, -1).
+pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
+    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
+    // SAFETY: a valid array of initialised pollfd, alive for the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) }
+}
+
 /// Wait until one of `fds` is readable, at most `timeout` (negative fds
 /// are ignored, as by `poll(2)`; an interrupted wait returns early).
 pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
@@ -40,9 +48,7 @@ pub fn wait_readable(fds: &[RawFd], timeout: Duration) {
             revents: 0,
         })
         .collect();
-    let ms = timeout.as_millis().clamp(1, i32::MAX as u128) as i32;
-    // SAFETY: a valid array of initialised pollfd, alive for the call.
-    unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    poll(&mut p, timeout);
 }
 
 /// Sleep while `*word == expected`, at most `timeout` (spurious and early
