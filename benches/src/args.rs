@@ -105,15 +105,19 @@ USAGE: <collective>_perf
   [--csv <file.csv>]                     write results as CSV
   [-h,--help]";
 
+/// Most ranks `--np` starts on this host.
+pub const MAX_LOCAL_RANKS: usize = 1024;
+
 /// Parse a size with an optional K/M/G suffix.
-pub fn parse_size(s: &str) -> Result<usize, String> {
-    oxccl::parse_bytes(s).ok_or_else(|| format!("invalid size {s:?} (use e.g. 8, 64K, 256M, 1G)"))
+pub fn parse_size(flag: &str, s: &str) -> Result<usize, String> {
+    oxccl::parse_bytes(s)
+        .ok_or_else(|| format!("{flag}={s:?}: invalid size (use e.g. 8, 64K, 256M, 1G)"))
 }
 
 fn parse_num<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
     s.trim()
         .parse()
-        .map_err(|_| format!("invalid value {s:?} for {flag}"))
+        .map_err(|_| format!("{flag}={s:?}: invalid value"))
 }
 
 impl Args {
@@ -147,9 +151,9 @@ impl Args {
                         ));
                     }
                 }
-                "-b" | "--minbytes" => a.min_bytes = parse_size(&val)?,
-                "-e" | "--maxbytes" => a.max_bytes = parse_size(&val)?,
-                "-i" | "--stepbytes" => a.step_bytes = parse_size(&val)?,
+                "-b" | "--minbytes" => a.min_bytes = parse_size(&flag, &val)?,
+                "-e" | "--maxbytes" => a.max_bytes = parse_size(&flag, &val)?,
+                "-i" | "--stepbytes" => a.step_bytes = parse_size(&flag, &val)?,
                 "-f" | "--stepfactor" => {
                     a.step_factor = parse_num(&flag, &val)?;
                     factor_set = true;
@@ -176,7 +180,23 @@ impl Args {
                 }
                 "-r" | "--root" => a.root = parse_num(&flag, &val)?,
                 "-z" | "--blocking" => a.blocking = parse_num::<usize>(&flag, &val)? > 0,
-                "-T" | "--timeout" => a.timeout = parse_num(&flag, &val)?,
+                "-T" | "--timeout" => {
+                    // 0 keeps the library's timeout; otherwise the range
+                    // OXCCL_TIMEOUT accepts.
+                    a.timeout = if parse_num::<f64>(&flag, &val).ok() == Some(0.0) {
+                        0.0
+                    } else {
+                        oxccl::settings::duration(
+                            &flag,
+                            &val,
+                            1.0,
+                            std::time::Duration::from_millis(1),
+                            oxccl::settings::MAX_DURATION,
+                        )
+                        .map_err(|e| e.to_string())?
+                        .as_secs_f64()
+                    }
+                }
                 "-a" | "--average" => {
                     a.average = parse_num(&flag, &val)?;
                     if a.average > 3 {
@@ -192,12 +212,26 @@ impl Args {
                 "-p" | "--parallel_init" | "-y" | "--stream_null" | "-C" | "--report_cputime" => {
                     parse_num::<usize>(&flag, &val)?;
                 }
-                "--np" => a.np = Some(parse_num(&flag, &val)?),
+                "--np" => {
+                    a.np = Some(
+                        oxccl::settings::count(&flag, &val, 1, MAX_LOCAL_RANKS)
+                            .map_err(|e| e.to_string())?,
+                    )
+                }
                 "--transport" => a.transport = Some(val).filter(|t| t != "auto"),
                 "--algo" => a.algo = Some(val),
                 "--registered" => a.registered = true,
                 "--plot" => a.plot = Some(val),
-                "--limit" => a.limit = Some(parse_num(&flag, &val)?),
+                "--limit" => {
+                    a.limit = Some(
+                        parse_num::<f64>(&flag, &val)
+                            .ok()
+                            .filter(|l| l.is_finite() && *l > 0.0)
+                            .ok_or_else(|| {
+                                format!("{flag}={val:?}: expected a positive number of GB/s")
+                            })?,
+                    )
+                }
                 "--csv" => a.csv = Some(val),
                 "--corrupt-rank" => a.corrupt_rank = Some(parse_num(&flag, &val)?),
                 other => return Err(format!("unknown option {other}\n{USAGE}")),
@@ -290,6 +324,34 @@ mod tests {
         assert!(p("-b").is_err());
         assert!(p("--algo tree").is_err());
         assert!(p("--algo oneshot").is_ok());
-        assert!(p("--algo oneshot").is_ok());
+    }
+
+    #[test]
+    fn hostile_flag_values_are_errors_naming_the_flag() {
+        let cases = [
+            "-T inf",
+            "-T 1e300",
+            "-T -1",
+            "-T NaN",
+            "-T 1e-12",
+            "--timeout=1e19",
+            "--np 0",
+            "--np 99999",
+            "--np 1.5",
+            "--limit inf",
+            "--limit -3",
+            "-n -1",
+            "-n 99999999999999999999999",
+            "-w x",
+            "-r -1",
+            "-b 99999999999999999999G",
+        ];
+        for c in cases {
+            let e = p(c).expect_err(c);
+            let flag = c.split([' ', '=']).next().unwrap();
+            assert!(e.contains(flag), "{c}: {e}");
+        }
+        assert_eq!(p("-T 0").unwrap().timeout, 0.0);
+        assert_eq!(p("-T 2.5").unwrap().timeout, 2.5);
     }
 }

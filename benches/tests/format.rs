@@ -289,3 +289,40 @@ fn registered_all_reduce_checks_exactly_and_can_fail() {
         .iter()
         .all(|r| r.oop.wrong == Some(1)));
 }
+
+#[test]
+fn hostile_flags_and_variables_are_named_errors_without_panic() {
+    let t = std::time::Instant::now();
+    for (args, env, named) in [
+        (&["-T", "inf"][..], None, "-T"),
+        (&["-T", "1e300"][..], None, "-T"),
+        (&["--np", "0"][..], None, "--np"),
+        (
+            &["-b", "8", "-e", "8"][..],
+            Some(("OXCCL_TIMEOUT", "1e300")),
+            "OXCCL_TIMEOUT",
+        ),
+        (
+            &["-b", "8", "-e", "8"][..],
+            Some(("OXCCL_SPIN_US", "1e300")),
+            "OXCCL_SPIN_US",
+        ),
+        (
+            &["-b", "8", "-e", "8", "--np", "2"][..],
+            Some(("OXCCL_TIMEOUT", "1e19")),
+            "OXCCL_TIMEOUT",
+        ),
+    ] {
+        let mut cmd = Command::new(bin(Coll::AllReduce));
+        cmd.args(args);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} {env:?} accepted");
+        assert!(!err.contains("panicked"), "{args:?} {env:?}: {err}");
+        assert!(err.contains(named), "{args:?} {env:?}: {err}");
+    }
+    assert!(t.elapsed() < std::time::Duration::from_secs(10));
+}

@@ -301,7 +301,11 @@ impl Communicator {
             )));
         }
         config.validate()?;
-        let deadline = Instant::now() + config.timeout;
+        // Every OXCCL_* variable set is checked, whether this config came
+        // from the environment or not: transports and kernels read some
+        // of them directly.
+        crate::config::vars::check_env()?;
+        let deadline = crate::config::value::deadline_after(config.timeout);
         let bind_addr = if id.root().ip().is_loopback() && config.socket_ifname.is_none() {
             // A root on loopback means a single-host job: stay on loopback.
             id.root().ip()
@@ -347,8 +351,22 @@ impl Communicator {
                 .collect(),
             rescue: rescue.local_addr().ok(),
         };
-        let (control, peers) =
-            bootstrap::rendezvous(id.root(), id.secret(), &me, nranks, deadline)?;
+        let (control, peers) = bootstrap::rendezvous(
+            id.root(),
+            id.secret(),
+            &me,
+            nranks,
+            &config.agreement(),
+            crate::config::value::deadline_after(config.connect_timeout),
+            deadline,
+        )
+        .inspect_err(|_| {
+            // Hosting the root (rank 0 under OXCCL_ROOT): let it tell the
+            // others why setup failed before this process may exit.
+            if let Some(w) = id.hosted_root() {
+                w.wait_setup_failure_told(bootstrap::LATE_REJECT_WINDOW);
+            }
+        })?;
         // The transport of each peer (by the set's rule), then the links:
         // the collectives' and, on endpoints of their own, the
         // point-to-point lane's.
@@ -685,7 +703,12 @@ impl Communicator {
                     "shrink: this communicator was already shrunk once; shrink the new one",
                 )
             })?;
-            bootstrap::spawn_root(listener, secret, self.inner.config.timeout)?;
+            bootstrap::spawn_root(
+                listener,
+                secret,
+                self.inner.config.timeout,
+                Default::default(),
+            )?;
         }
         let world = survivors.iter().map(|r| self.inner.world[*r]).collect();
         Communicator::init_in(
@@ -950,7 +973,7 @@ impl Inner {
             op: fp.op.kernel_op(),
             seq,
             fp,
-            deadline: Instant::now() + timeout,
+            deadline: crate::config::value::deadline_after(timeout),
             timeout,
             spin: self.config.spin,
             oversubscribed: self.oversubscribed,
@@ -976,7 +999,8 @@ impl Inner {
         self.sender.lock().unwrap().arrive(number, timeout);
         // The root answers within `timeout` of the first arrival (this rank's
         // at the latest); allow for its latency.
-        let until = Instant::now() + timeout + Duration::from_secs(2);
+        let until =
+            crate::config::value::deadline_after(timeout.saturating_add(Duration::from_secs(2)));
         loop {
             match st.control.poll() {
                 Some(bootstrap::ControlEvent::Released(n)) if n == number => return Ok(()),

@@ -115,12 +115,16 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         hostname: "node-7".into(),
         host_id: 99,
         pid: 4242,
-        addrs: vec![b"10.0.0.7:4000".to_vec(), b"oxccl-shm-7-2-abc".to_vec()],
+        addrs: vec![
+            b"10.0.0.7:4000".to_vec(),
+            b"oxccl-0123456789abcdef".to_vec(),
+        ],
         rescue: Some("10.0.0.7:4001".parse().unwrap()),
     };
     let mut reg = vec![1u8];
     reg.put_u32(4);
     encode_info(&mut reg, &info);
+    bootstrap::encode_settings(&mut reg, &crate::Config::default().agreement());
     out.push(("registration", "rank2".into(), reg));
     let mut table = Vec::new();
     table.put_u32(2);

@@ -182,7 +182,7 @@ impl<R> Work<R> {
     /// from this: it runs on until it completes or fails (its own deadline
     /// is the communicator's timeout, or the call's).
     pub fn wait_timeout(&self, timeout: Duration) -> bool {
-        let until = Instant::now() + timeout;
+        let until = crate::config::value::deadline_after(timeout);
         let mut s = self.slot.state.lock().unwrap();
         loop {
             if s.result.is_some() || s.taken {

@@ -7,6 +7,7 @@
 //! stopped (SIGTERM, then SIGKILL) and the launch returns non-zero.
 
 use crate::{Config, UniqueId};
+use comm_core::bootstrap::Notice;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -103,6 +104,77 @@ fn pump(
     })
 }
 
+/// How long a launcher waits for the root's account of a failure once a
+/// rank has failed (the notice usually precedes the exit).
+const CAUSE_WAIT: Duration = Duration::from_millis(500);
+
+/// The rank a relayed failure blames, if it names one.
+fn culprit_of(n: &Notice) -> Option<usize> {
+    match n {
+        Notice::Lost { rank, .. } | Notice::Stalled { rank, .. } => Some(*rank),
+        Notice::Failed { origin, .. } | Notice::Timeout { origin, .. } => Some(*origin),
+        Notice::Mismatch { .. } => None,
+        Notice::Cycle { ranks, .. } | Notice::Absent { ranks, .. } => ranks.first().copied(),
+    }
+}
+
+/// A relayed failure in one line, for the launcher's report.
+fn describe_notice(n: &Notice) -> String {
+    match n {
+        Notice::Lost { rank, detail } => format!("first failure: rank {rank} was lost ({detail})"),
+        Notice::Failed {
+            origin,
+            aborted: true,
+            ..
+        } => format!("first failure: rank {origin} aborted the communicator"),
+        Notice::Failed {
+            origin, message, ..
+        } => format!("first failure: rank {origin} failed: {message}"),
+        Notice::Mismatch {
+            a,
+            a_call,
+            b,
+            b_call,
+        } => format!("first failure: mismatched calls, rank {a} called {a_call} while rank {b} called {b_call}"),
+        Notice::Stalled { detail, .. } => format!("first failure: {detail}"),
+        Notice::Cycle { ranks, .. } => {
+            format!("first failure: ranks {ranks:?} wait for each other in a cycle")
+        }
+        Notice::Absent { ranks, detail, .. } => {
+            format!("first failure: ranks {ranks:?} did not arrive at {detail}")
+        }
+        Notice::Timeout {
+            origin,
+            waiting_for,
+            ..
+        } => format!("first failure: rank {origin} timed out waiting for {waiting_for}"),
+    }
+}
+
+/// Make the child die (SIGKILL) when this launcher dies, however it dies:
+/// without it a SIGKILLed launcher leaves every rank running, orphaned.
+/// The signal follows the *thread* that spawned the child, and `run`
+/// spawns and waits on one thread.
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: the closure runs between fork and exec and calls only
+    // async-signal-safe functions (prctl, getppid); it allocates nothing
+    // (the error is built from an OS code).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher may have died before prctl took effect.
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
 fn signal_all(children: &mut [Option<Child>], sig: i32) {
     for c in children.iter().flatten() {
         // SAFETY: sending a signal to a child we spawned and have not reaped.
@@ -130,8 +202,8 @@ pub fn run(l: &Launch) -> i32 {
     if pin_loopback {
         config.socket_ifname = Some("lo".into());
     }
-    let id = match UniqueId::with_config(&config) {
-        Ok(id) => id,
+    let (id, watch) = match UniqueId::watched(&config) {
+        Ok(x) => x,
         Err(e) => {
             eprintln!("oxrun: cannot start the rendezvous root: {e}");
             return 2;
@@ -161,6 +233,7 @@ pub fn run(l: &Launch) -> i32 {
         for (k, v) in &l.env {
             cmd.env(k, v);
         }
+        die_with_parent(&mut cmd);
         match cmd.spawn() {
             Ok(mut c) => {
                 let (out_mode, err_prefix) = match l.output {
@@ -221,19 +294,57 @@ pub fn run(l: &Launch) -> i32 {
                 }
             }
         }
-        failed.sort_by_key(|(rank, _, st)| (st.signal().is_none(), *rank));
-        for (i, (rank, pid, status)) in failed.iter().enumerate() {
-            if stopping.is_none() && i == 0 {
-                eprintln!(
-                    "oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks",
-                    describe(*status)
-                );
-                exit_code = status.code().filter(|c| *c != 0).unwrap_or(1);
-                signal_all(&mut children, libc::SIGTERM);
-                stopping = Some(Instant::now());
-            } else {
-                eprintln!("oxrun: rank {rank} (pid {pid}) {}", describe(*status));
+        if !failed.is_empty() && stopping.is_none() {
+            // Reap order says little (the victim and the ranks failing in
+            // reaction end within milliseconds): the root this process
+            // hosts relayed the job's first failure, ask it.
+            let cause = watch.first_failure(CAUSE_WAIT);
+            let culprit = cause.as_ref().and_then(culprit_of);
+            // The culprit itself may still be on its way out (the others
+            // reacted faster): give it a moment, so its exit status is the
+            // launch's, before signalling anyone.
+            if let Some(c) = culprit.filter(|c| *c < n) {
+                let t = Instant::now();
+                while let Some(child) = children[c].as_mut() {
+                    match child.try_wait() {
+                        Ok(Some(status)) => {
+                            let pid = child.id();
+                            children[c] = None;
+                            running -= 1;
+                            if !status.success() {
+                                failed.push((c, pid, status));
+                            }
+                        }
+                        Ok(None) if t.elapsed() < CAUSE_WAIT => {
+                            std::thread::sleep(Duration::from_millis(5))
+                        }
+                        _ => break,
+                    }
+                }
             }
+            // The culprit first, then killed ranks, then the lowest rank.
+            failed.sort_by_key(|(rank, _, st)| {
+                (Some(*rank) != culprit, st.signal().is_none(), *rank)
+            });
+            let (rank, pid, status) = failed[0];
+            match &cause {
+                Some(n) => eprintln!(
+                    "oxrun: {}; rank {rank} (pid {pid}) {}; stopping the other ranks",
+                    describe_notice(n),
+                    describe(status)
+                ),
+                None => eprintln!(
+                    "oxrun: rank {rank} (pid {pid}) {}; stopping the other ranks",
+                    describe(status)
+                ),
+            }
+            exit_code = status.code().filter(|c| *c != 0).unwrap_or(1);
+            signal_all(&mut children, libc::SIGTERM);
+            stopping = Some(Instant::now());
+            failed.remove(0);
+        }
+        for (rank, pid, status) in &failed {
+            eprintln!("oxrun: rank {rank} (pid {pid}) {}", describe(*status));
         }
         if let Some(t) = stopping {
             if t.elapsed() > l.kill_after {

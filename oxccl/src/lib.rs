@@ -97,6 +97,23 @@ pub fn transports(config: &Config) -> Result<Transports> {
         }
         None => false,
     };
+    if !has_rdma {
+        // Validated (the variable table checks every OXCCL_* value), but
+        // without effect here: say so rather than ignore it silently.
+        for v in comm_core::config::vars::VARS {
+            if v.name.starts_with("OXCCL_IB_") && comm_core::config::vars::raw(v.name).is_some() {
+                tracing::warn!(
+                    "oxccl: {} is set but this process uses no RDMA transport ({}), so it has no effect",
+                    v.name,
+                    if cfg!(feature = "rdma") {
+                        "no device found, or another transport forced"
+                    } else {
+                        "built without the rdma feature"
+                    }
+                );
+            }
+        }
+    }
     Ok(Transports {
         list,
         choose: Arc::new(move |_cfg, me, peer| match forced {
@@ -169,9 +186,14 @@ pub fn init_logging() {
         let filter = match std::env::var("RUST_LOG") {
             Ok(spec) => tracing_subscriber::EnvFilter::try_new(spec),
             Err(_) => {
-                let level = std::env::var("OXCCL_DEBUG")
-                    .unwrap_or_else(|_| "warn".into())
-                    .to_lowercase();
+                let level = match comm_core::config::vars::choice("OXCCL_DEBUG") {
+                    Ok(l) => l.unwrap_or("warn"),
+                    Err(e) => {
+                        // No logger yet to report it through.
+                        eprintln!("oxccl: {e}; logging at warn");
+                        "warn"
+                    }
+                };
                 tracing_subscriber::EnvFilter::try_new(format!(
                     "warn,comm_core={level},transport_tcp={level},transport_shm={level},transport_rdma={level},oxccl={level}"
                 ))
@@ -189,6 +211,11 @@ pub fn init_logging() {
 /// Parse a byte size with an optional K/M/G suffix (`64M`), as every
 /// oxccl tool accepts it.
 pub use comm_core::config::parse_bytes;
+
+/// Range-checked parsing of settings (sizes, durations, counts, choices)
+/// with errors naming the setting, and the table of every `OXCCL_*`
+/// variable: what oxccl's tools use for their flags.
+pub use comm_core::config::{value as settings, vars};
 
 pub use comm_core::with_dtype;
 

@@ -43,7 +43,8 @@ fn oxrun_reports_a_killed_rank_and_stops_the_others() {
     let out = oxrun(4, &["die", "2"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(err.contains("oxrun: rank 2 (pid"), "{err}");
+    assert!(err.contains("rank 2 (pid"), "{err}");
+    assert!(err.contains("first failure: rank 2 was lost"), "{err}");
     assert!(err.contains("killed by signal 9"), "{err}");
     assert!(
         t.elapsed() < Duration::from_secs(30),
@@ -313,4 +314,75 @@ fn ten_thousand_small_all_reduces_on_4_ranks_sharing_2_cores() {
 #[test]
 fn sigkill_mid_registered_all_reduce_is_peer_lost_within_5s() {
     sigkill_mode_test("loop-registered", "shm");
+}
+
+#[test]
+fn oxrun_names_the_rank_that_failed_first_not_the_first_it_reaps() {
+    // Rank 2 aborts and exits with status 5; the others fail in reaction
+    // and exit 3 within the same moment. Reap order would name rank 0.
+    for _ in 0..3 {
+        let out = oxrun(4, &["fail", "2"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{err}");
+        let first = err
+            .lines()
+            .find(|l| l.contains("stopping the other ranks"))
+            .unwrap_or_else(|| panic!("no report: {err}"));
+        assert!(
+            first.contains("first failure: rank 2 aborted") && first.contains("rank 2 (pid"),
+            "{err}"
+        );
+    }
+}
+
+/// The children of `pid` (every thread's list).
+fn children_of(pid: u32) -> Vec<u32> {
+    let mut v = Vec::new();
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let c = std::fs::read_to_string(t.unwrap().path().join("children")).unwrap_or_default();
+        v.extend(c.split_whitespace().map(|p| p.parse::<u32>().unwrap()));
+    }
+    v
+}
+
+/// Whether `pid` is gone (or a zombie, i.e. dead).
+fn dead(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[test]
+fn ranks_die_with_a_sigkilled_oxrun() {
+    let mut run = Command::new(OXRUN)
+        .args(["-n", "3", SELFTEST, "loop", "64K"])
+        .env("OXCCL_TIMEOUT", "120")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until every rank runs.
+    use std::io::BufRead;
+    let mut lines = std::io::BufReader::new(run.stdout.take().unwrap()).lines();
+    let mut running = 0;
+    while running < 3 {
+        if lines.next().unwrap().unwrap().contains("RUNNING") {
+            running += 1;
+        }
+    }
+    let ranks = children_of(run.id());
+    assert_eq!(ranks.len(), 3, "{ranks:?}");
+    run.kill().unwrap(); // SIGKILL: no handler of oxrun's runs
+    run.wait().unwrap();
+    let t = Instant::now();
+    while !ranks.iter().all(|p| dead(*p)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "ranks {ranks:?} outlived oxrun"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

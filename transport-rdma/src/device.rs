@@ -75,18 +75,9 @@ mod with_verbs {
         std::env::var(name).ok().filter(|v| !v.trim().is_empty())
     }
 
-    fn env_num(name: &str, default: u32, max: u32) -> Result<u32> {
-        match env(name) {
-            None => Ok(default),
-            Some(v) => v
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n <= max)
-                .ok_or_else(|| {
-                    Error::Config(format!("{name}={v:?} must be a number from 0 to {max}"))
-                }),
-        }
+    /// A numeric `OXCCL_IB_*` variable, range-checked by the variable table.
+    fn env_num(name: &str, default: u32) -> Result<u32> {
+        Ok(comm_core::config::vars::count(name)?.map_or(default, |n| n as u32))
     }
 
     fn gid_kind(dev: &str, port: u8, index: u32) -> String {
@@ -104,11 +95,11 @@ mod with_verbs {
         let filter = parse_hca(&env("OXCCL_IB_HCA").unwrap_or_default());
         let gid_index = match env("OXCCL_IB_GID_INDEX") {
             None => None,
-            Some(_) => Some(env_num("OXCCL_IB_GID_INDEX", 0, 255)? as u8),
+            Some(_) => Some(env_num("OXCCL_IB_GID_INDEX", 0)? as u8),
         };
-        let timeout = env_num("OXCCL_IB_TIMEOUT", 18, 31)? as u8;
-        let retry_cnt = env_num("OXCCL_IB_RETRY_CNT", 7, 7)? as u8;
-        let traffic_class = env_num("OXCCL_IB_TC", 0, 255)? as u8;
+        let timeout = env_num("OXCCL_IB_TIMEOUT", 18)? as u8;
+        let retry_cnt = env_num("OXCCL_IB_RETRY_CNT", 7)? as u8;
+        let traffic_class = env_num("OXCCL_IB_TC", 0)? as u8;
         for name in names {
             let ctx = match Context::open(&name) {
                 Ok(c) => c,

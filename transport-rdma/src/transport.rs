@@ -86,7 +86,7 @@ impl RdmaTransport {
             "oxccl-rdma",
             listener.as_raw_fd(),
             move || listener.accept(),
-            move |(s, from): (TcpStream, SocketAddr)| match admit(s, &setup2) {
+            move |(s, from): (TcpStream, SocketAddr), _permit| match admit(s, &setup2) {
                 Ok(link) => {
                     let _ = tx.send(link);
                 }
@@ -177,13 +177,16 @@ impl Transport for RdmaTransport {
 type Incoming = (usize, RdmaLink);
 
 /// Accept side: check the handshake, then connect the pair.
-fn admit(mut s: TcpStream, setup: &Setup) -> Result<Incoming> {
+fn admit(s: TcpStream, setup: &Setup) -> Result<Incoming> {
     let _ = s.set_nonblocking(false);
-    s.set_read_timeout(Some(DOOR_TIMEOUT)).ok();
-    s.set_write_timeout(Some(DOOR_TIMEOUT)).ok();
-    let hello = handshake::server(&mut s, &setup.ctx.secret, |h: &Hello| {
+    // The handshake within one deadline, however slowly bytes come.
+    let mut a = comm_core::door::Admission::new(s);
+    let hello = handshake::server(&mut a, &setup.ctx.secret, setup.ctx.comm_id, |h: &Hello| {
         h.check_link(Purpose::Rdma, &setup.ctx)
     })?;
+    let s = a.into_inner();
+    s.set_read_timeout(Some(DOOR_TIMEOUT)).ok();
+    s.set_write_timeout(Some(DOOR_TIMEOUT)).ok();
     let peer = hello.from as usize;
     Ok((peer, connect_pair(setup, peer, s)?))
 }

@@ -19,7 +19,7 @@ mod sys;
 
 pub use direct::ShmDirect;
 
-use comm_core::door::Door;
+use comm_core::door::{Admission, Door, Timeouts};
 use comm_core::handshake::{self, Hello, Purpose};
 use comm_core::transport::{Endpoint, Link, SetupCtx, Transport};
 use comm_core::{Error, Result};
@@ -37,16 +37,8 @@ const MIN_RING: usize = 256 << 10;
 /// Ring size per direction: `OXCCL_SHM_BUFFSIZE`, or room for two
 /// pipelined chunks (so a writer never waits for a half-read chunk).
 fn ring_bytes(chunk: usize) -> Result<usize> {
-    match std::env::var("OXCCL_SHM_BUFFSIZE") {
-        Ok(v) if !v.trim().is_empty() => comm_core::config::parse_bytes(&v)
-            .filter(|b| (4096..=(1 << 30)).contains(b))
-            .ok_or_else(|| {
-                Error::Config(format!(
-                    "OXCCL_SHM_BUFFSIZE={v:?} must be a size from 4K to 1G"
-                ))
-            }),
-        _ => Ok((2 * chunk + (64 << 10)).max(MIN_RING)),
-    }
+    Ok(comm_core::config::vars::size("OXCCL_SHM_BUFFSIZE")?
+        .unwrap_or((2 * chunk + (64 << 10)).max(MIN_RING)))
 }
 
 /// The shared-memory transport.
@@ -59,14 +51,16 @@ impl Transport for ShmTransport {
     }
 
     fn listen(&self, ctx: &SetupCtx) -> Result<Box<dyn Endpoint>> {
-        let mut nonce = [0u8; 8];
-        // The name only has to be unique on this host; the handshake guards it.
-        nonce.copy_from_slice(&comm_core::handshake::Secret::random()?.0[..8]);
+        // A random name: unique on this host, and it tells a stranger
+        // listing /proc/net/unix nothing about the job (the handshake is
+        // what guards the door).
         let name = format!(
-            "oxccl-shm-{:x}-{}-{:x}",
-            ctx.comm_id,
-            ctx.rank,
-            u64::from_le_bytes(nonce)
+            "oxccl-{}",
+            comm_core::handshake::Secret::random()?
+                .0
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
         );
         let addr = SocketAddr::from_abstract_name(name.as_bytes())
             .map_err(|e| Error::Bootstrap(format!("shm socket name: {e}")))?;
@@ -80,7 +74,7 @@ impl Transport for ShmTransport {
             "oxccl-shm",
             l.as_raw_fd(),
             move || l.accept().map(|(s, _)| s),
-            move |s| {
+            move |s, _permit| {
                 // Unix sockets have no address: name the peer by its process.
                 let who = sys::peer_process(&s);
                 match admit(s, &ctx2) {
@@ -97,7 +91,7 @@ impl Transport for ShmTransport {
         Ok(Box::new(ShmEndpoint {
             name,
             incoming: rx,
-            _door: door,
+            door,
         }))
     }
 }
@@ -105,14 +99,16 @@ impl Transport for ShmTransport {
 type Incoming = (usize, Box<dyn Link>);
 
 /// Accept side: check the handshake, receive the segment and eventfds.
-fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
-    s.set_read_timeout(Some(DOOR_TIMEOUT)).ok();
-    s.set_write_timeout(Some(DOOR_TIMEOUT)).ok();
-    let hello = handshake::server(&mut s, &ctx.secret, |h: &Hello| {
+fn admit(s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
+    // The whole admission within one deadline, however slowly bytes come.
+    let mut a = Admission::new(s);
+    let hello = handshake::server(&mut a, &ctx.secret, ctx.comm_id, |h: &Hello| {
         h.check_link(Purpose::Shm, ctx)
     })?;
     let mut buf = [0u8; 8];
-    let (n, fds) = sys::recv_fds(&s, &mut buf, 5)
+    a.arm()
+        .map_err(|e| Error::Handshake(format!("receiving the segment: {e}")))?;
+    let (n, fds) = sys::recv_fds(&a.stream, &mut buf, 5)
         .map_err(|e| Error::Handshake(format!("receiving the segment: {e}")))?;
     if n != 8 {
         return Err(Error::Protocol("short segment message".into()));
@@ -129,8 +125,10 @@ fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
         world_peer: hello.from as usize,
         detail: format!("mmap: {e}"),
     })?;
-    s.write_all(&[1])
+    a.write_all(&[1])
         .map_err(|e| Error::Handshake(format!("ack: {e}")))?;
+    let s = a.into_inner();
+    s.set_io_timeout(DOOR_TIMEOUT).ok();
     // Ring 0 carries connector -> acceptor, ring 1 the other way.
     let link = ShmLink::new(map, cap, s, 1, ev).map_err(|e| Error::Transport {
         peer: hello.from as usize,
@@ -143,7 +141,7 @@ fn admit(mut s: UnixStream, ctx: &SetupCtx) -> Result<Incoming> {
 struct ShmEndpoint {
     name: String,
     incoming: Receiver<Incoming>,
-    _door: Door,
+    door: Door,
 }
 
 impl Endpoint for ShmEndpoint {
@@ -158,14 +156,17 @@ impl Endpoint for ShmEndpoint {
         deadline: Instant,
     ) -> Result<Vec<(usize, Box<dyn Link>)>> {
         let cap = ring_bytes(ctx.config.chunk_bytes)?;
-        comm_core::door::connect_pairwise(
+        let links = comm_core::door::connect_pairwise(
             ctx,
             peers,
             deadline,
             "shared-memory",
             |peer, addr| Ok(Box::new(dial(ctx, peer, addr, cap, deadline)?) as Box<dyn Link>),
             &self.incoming,
-        )
+        )?;
+        // Setup is over: stop accepting (no link joins a running communicator).
+        self.door.close();
+        Ok(links)
     }
 
     fn direct(&self) -> Option<std::sync::Arc<dyn comm_core::transport::DirectAccess>> {

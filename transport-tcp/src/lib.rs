@@ -8,7 +8,7 @@
 //! executor; sends use `MSG_NOSIGNAL` so a dead peer is an error, never a
 //! `SIGPIPE`.
 
-use comm_core::door::Door;
+use comm_core::door::{Admission, Door, Timeouts};
 use comm_core::handshake::{self, Hello, Purpose};
 use comm_core::transport::{Endpoint, Link, SetupCtx, Transport};
 use comm_core::{Error, Result};
@@ -64,12 +64,12 @@ impl Transport for TcpTransport {
             "oxccl-tcp",
             listener.as_raw_fd(),
             move || listener.accept(),
-            move |(s, peer_addr)| admit(s, peer_addr, &ctx2, &tx, &complete2),
+            move |(s, peer_addr), _permit| admit(s, peer_addr, &ctx2, &tx, &complete2),
         )?;
         Ok(Box::new(TcpEndpoint {
             local,
             incoming: rx,
-            _door: door,
+            door,
             complete,
         }))
     }
@@ -79,16 +79,16 @@ type Incoming = (usize, usize, TcpStream);
 
 /// Run the server handshake for one incoming connection.
 fn admit(
-    mut s: TcpStream,
+    s: TcpStream,
     from_addr: SocketAddr,
     ctx: &SetupCtx,
     tx: &Sender<Incoming>,
     complete: &AtomicBool,
 ) {
     let _ = s.set_nonblocking(false);
-    let _ = s.set_read_timeout(Some(DOOR_TIMEOUT));
-    let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
-    let r = handshake::server(&mut s, &ctx.secret, |h: &Hello| {
+    // The whole handshake within one deadline, however slowly bytes come.
+    let mut a = Admission::new(s);
+    let r = handshake::server(&mut a, &ctx.secret, ctx.comm_id, |h: &Hello| {
         h.check_link(Purpose::Tcp, ctx)?;
         if h.stream as usize >= ctx.config.nsocks {
             return Err(Error::Handshake(format!(
@@ -105,6 +105,8 @@ fn admit(
     });
     match r {
         Ok(h) => {
+            let s = a.into_inner();
+            let _ = s.set_io_timeout(DOOR_TIMEOUT);
             let _ = tx.send((h.from as usize, h.stream as usize, s));
         }
         Err(e) => tracing::warn!(
@@ -117,7 +119,7 @@ fn admit(
 struct TcpEndpoint {
     local: SocketAddr,
     incoming: Receiver<Incoming>,
-    _door: Door,
+    door: Door,
     complete: Arc<AtomicBool>,
 }
 
@@ -215,6 +217,8 @@ impl Endpoint for TcpEndpoint {
             missing -= 1;
         }
         self.complete.store(true, Ordering::Release);
+        // Setup is over: stop accepting (no link joins a running communicator).
+        self.door.close();
         let mut links: Vec<(usize, Box<dyn Link>)> = Vec::new();
         for (peer, _) in peers {
             let socks: Vec<Socket> = streams[*peer]

@@ -37,9 +37,11 @@ const MSG_NOTICE: u8 = 12;
 const MSG_RELEASE: u8 = 13;
 
 /// Most ranks one communicator may have (bounds decoder allocations).
-pub const MAX_RANKS: usize = 1 << 16;
+pub use crate::config::vars::MAX_RANKS;
 /// Read deadline for a connection to finish its handshake and registration.
 const DOOR_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed setup, how long the root keeps telling late ranks why.
+pub(crate) const LATE_REJECT_WINDOW: Duration = Duration::from_secs(30);
 
 /// Why the job is failing, as relayed between ranks. Structured, so that
 /// every rank reports the same kind of error the detecting rank saw.
@@ -301,6 +303,64 @@ pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
 
 // ---------------------------------------------------------------- root ----
 
+/// What a process hosting the root (a launcher) can learn from it: the
+/// first failure the root relayed to the ranks — the job's root cause as
+/// the control plane saw it, which a launcher reaping exit statuses cannot
+/// tell (the victim and the survivors that fail in reaction all exit
+/// within milliseconds).
+#[derive(Debug, Default)]
+pub struct RootWatch {
+    first: std::sync::Mutex<Option<Notice>>,
+    changed: std::sync::Condvar,
+    /// Set when setup failed and the root told every rank why (or gave up).
+    setup_failed: std::sync::Mutex<bool>,
+}
+
+impl RootWatch {
+    fn record(&self, n: &Notice) {
+        let mut f = self.first.lock().unwrap();
+        if f.is_none() {
+            *f = Some(n.clone());
+            self.changed.notify_all();
+        }
+    }
+
+    fn setup_over(&self) {
+        *self.setup_failed.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+
+    /// For the process hosting the root (rank 0 under `OXCCL_ROOT`) whose
+    /// own init failed: wait, at most `wait`, until the root has told the
+    /// other ranks why — exiting at once would take the root along and
+    /// leave them to time out reaching it.
+    pub fn wait_setup_failure_told(&self, wait: Duration) {
+        let until = crate::config::value::deadline_after(wait);
+        let mut done = self.setup_failed.lock().unwrap();
+        while !*done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            done = self.changed.wait_timeout(done, left).unwrap().0;
+        }
+    }
+
+    /// The first failure relayed, waiting up to `wait` for one.
+    pub fn first_failure(&self, wait: Duration) -> Option<Notice> {
+        let until = crate::config::value::deadline_after(wait);
+        let mut f = self.first.lock().unwrap();
+        while f.is_none() {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            f = self.changed.wait_timeout(f, left).unwrap().0;
+        }
+        f.clone()
+    }
+}
+
 /// What a connection thread reports; `conn` numbers connections so
 /// events of a rejected duplicate are never taken for the real rank's.
 enum Event {
@@ -309,6 +369,7 @@ enum Event {
         rank: usize,
         nranks: usize,
         info: PeerInfo,
+        settings: Settings,
         stream: TcpStream,
     },
     Abort {
@@ -331,6 +392,13 @@ enum Event {
         conn: u64,
         rank: usize,
     },
+    /// A connection claiming `rank` of `nranks` failed the handshake for
+    /// another communicator (a different secret or unique id).
+    Refused {
+        rank: usize,
+        nranks: usize,
+        from: SocketAddr,
+    },
 }
 
 /// Start the root on `listener`. It runs on its own threads until every
@@ -339,6 +407,7 @@ pub(crate) fn spawn_root(
     listener: TcpListener,
     secret: Secret,
     init_timeout: Duration,
+    watch: Arc<RootWatch>,
 ) -> Result<()> {
     listener
         .set_nonblocking(true)
@@ -353,7 +422,7 @@ pub(crate) fn spawn_root(
     std::thread::Builder::new()
         .name("oxccl-root".into())
         .spawn(move || {
-            coordinate(rx, init_timeout);
+            coordinate(rx, init_timeout, watch, &stop);
             stop.store(true, Ordering::Relaxed);
         })
         .map_err(|e| Error::Bootstrap(format!("spawning root thread: {e}")))?;
@@ -372,18 +441,71 @@ fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: A
             conn += 1;
             Ok((conn, s, addr))
         },
-        move |(conn, s, addr)| serve_rank(conn, s, addr, secret, tx.clone()),
+        move |(conn, s, addr), permit| serve_rank(conn, s, addr, secret, tx.clone(), permit),
     );
 }
 
+/// Settings a rank registers with: (variable, value) pairs that must be
+/// the same on every rank (see `Config::agreement`).
+pub type Settings = Vec<(String, String)>;
+
+/// Most settings one registration carries (bounds the decoder).
+const MAX_SETTINGS: usize = 32;
+
+/// Encode the settings of a registration (after its `PeerInfo`).
+pub fn encode_settings(v: &mut Vec<u8>, settings: &[(&str, String)]) {
+    v.put_u8(settings.len() as u8);
+    for (name, value) in settings {
+        v.put_str(name);
+        v.put_str(value);
+    }
+}
+
+fn decode_settings(r: &mut Reader<'_>) -> Result<Settings> {
+    let n = r.u8()? as usize;
+    if n > MAX_SETTINGS {
+        return Err(Error::Protocol(format!("a registration with {n} settings")));
+    }
+    (0..n)
+        .map(|_| Ok((r.string(64)?, r.string(256)?)))
+        .collect()
+}
+
+/// The first setting in which `b` differs from `a`, as text naming both
+/// ranks and both values; `None` when they agree.
+pub fn settings_differ(a: (usize, &Settings), b: (usize, &Settings)) -> Option<String> {
+    let value = |s: &Settings, name: &str| {
+        s.iter().find(|(n, _)| n == name).map_or_else(
+            || "(not sent: an older oxccl)".to_string(),
+            |(_, v)| v.clone(),
+        )
+    };
+    let mut names: Vec<&str> =
+        a.1.iter()
+            .chain(b.1.iter())
+            .map(|(n, _)| n.as_str())
+            .collect();
+    names.dedup();
+    names.into_iter().find_map(|name| {
+        let (va, vb) = (value(a.1, name), value(b.1, name));
+        (va != vb).then(|| {
+            format!(
+                "ranks disagree on {name}: rank {} has {vb}, rank {} has {va} (it must be the same on every rank)",
+                b.0, a.0
+            )
+        })
+    })
+}
+
 /// Decode a rank's registration (it must name the rank its handshake did).
-pub fn parse_registration(reg: &[u8], from: usize) -> Result<(usize, PeerInfo)> {
+pub fn parse_registration(reg: &[u8], from: usize) -> Result<(usize, PeerInfo, Settings)> {
     let mut r = Reader::new(reg, "registration");
     if r.u8()? != MSG_REGISTER {
         return Err(Error::Protocol("expected a registration".into()));
     }
     let nranks = r.u32()? as usize;
     let info = decode_info(&mut r)?;
+    let settings = decode_settings(&mut r)?;
     r.finish()?;
     if nranks == 0 || nranks > MAX_RANKS || info.rank >= nranks || info.rank != from {
         return Err(Error::Protocol(format!(
@@ -391,7 +513,7 @@ pub fn parse_registration(reg: &[u8], from: usize) -> Result<(usize, PeerInfo)> 
             info.rank
         )));
     }
-    Ok((nranks, info))
+    Ok((nranks, info, settings))
 }
 
 /// Decode everything a rank can receive on its control connection: a
@@ -423,22 +545,26 @@ pub fn parse_control_stream(mut bytes: &[u8]) -> Vec<Result<Notice>> {
 }
 
 /// Handshake, registration, then relay this rank's frames until it leaves.
-fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx: Sender<Event>) {
+fn serve_rank(
+    conn: u64,
+    s: TcpStream,
+    addr: SocketAddr,
+    secret: Secret,
+    tx: Sender<Event>,
+    permit: crate::door::Permit,
+) {
     let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(DOOR_TIMEOUT));
-    let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
+    // Handshake and registration within one deadline, however slowly the
+    // bytes come.
+    let mut s = crate::door::Admission::new(s);
     let comm_id = secret.comm_id();
-    let hello = match handshake::server(&mut s, &secret, |h: &Hello| {
+    let mut seen = None;
+    let hello = match handshake::server(&mut s, &secret, comm_id, |h: &Hello| {
+        seen = Some(*h);
         if h.purpose != Purpose::Bootstrap || h.to != ROOT {
             return Err(Error::Handshake(format!(
                 "{:?} connection sent to the rendezvous root",
                 h.purpose
-            )));
-        }
-        if h.comm_id != comm_id {
-            return Err(Error::Handshake(format!(
-                "communicator {:#x} is not this job's",
-                h.comm_id
             )));
         }
         Ok(())
@@ -446,6 +572,15 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
         Ok(h) => h,
         Err(e) => {
             tracing::warn!("oxccl root: rejected connection from {addr}: {e}");
+            // A rank of this job's shape with another secret: the root
+            // decides whether it stands for a rank that never registered.
+            if let Some(h) = seen.filter(|h| h.purpose == Purpose::Bootstrap && h.to == ROOT) {
+                let _ = tx.send(Event::Refused {
+                    rank: h.from as usize,
+                    nranks: h.nranks as usize,
+                    from: addr,
+                });
+            }
             return;
         }
     };
@@ -458,7 +593,7 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
         }
     };
     let parsed = parse_registration(&reg, hello.from as usize);
-    let (nranks, info) = match parsed {
+    let (nranks, info, settings) = match parsed {
         Ok(x) => x,
         Err(e) => {
             tracing::warn!("oxccl root: bad registration from {addr}: {e}");
@@ -466,6 +601,9 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
         }
     };
     let rank = info.rank;
+    let mut s = s.into_inner();
+    drop(permit); // admitted: the relay phase below lasts the job's life
+    let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
     let Ok(writer) = s.try_clone() else { return };
     if tx
         .send(Event::Registered {
@@ -473,6 +611,7 @@ fn serve_rank(conn: u64, mut s: TcpStream, addr: SocketAddr, secret: Secret, tx:
             rank,
             nranks,
             info,
+            settings,
             stream: writer,
         })
         .is_err()
@@ -540,38 +679,53 @@ fn send_to(s: &mut TcpStream, payload: &[u8]) {
     let _ = wire::write_frame(s, payload);
 }
 
-fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
-    let deadline = Instant::now() + init_timeout;
+/// The registered ranks, when registration completes.
+struct Registered {
+    nranks: usize,
+    conns: Vec<Option<TcpStream>>,
+    conn_ids: Vec<u64>,
+    infos: Vec<PeerInfo>,
+}
+
+/// Phase 1: wait for every rank's registration. Anything that makes the
+/// job unable to start — ranks disagreeing on the world size or a setting,
+/// a rank of this job's shape refused for another secret, a registered
+/// rank leaving — fails every rank at once, naming the cause
+/// ([`fail_setup`]), instead of leaving the others to wait for the timeout.
+fn register_all(rx: &Receiver<Event>, init_timeout: Duration) -> Option<Registered> {
+    let deadline = crate::config::value::deadline_after(init_timeout);
     let mut nranks = 0usize;
     let mut conns: Vec<Option<TcpStream>> = Vec::new();
     let mut conn_ids: Vec<u64> = Vec::new();
     let mut infos: Vec<Option<PeerInfo>> = Vec::new();
+    // The first registrant's settings: everyone else must match them.
+    let mut reference: Option<(usize, Settings)> = None;
+    // Ranks refused for another secret, until we know the job's shape.
+    let mut refused: Vec<(usize, usize, SocketAddr)> = Vec::new();
+    // Ranks turned away with a connection (told through `conns`).
+    let mut offenders: Vec<usize> = Vec::new();
     let mut registered = 0usize;
-    // Phase 1: registration.
     while nranks == 0 || registered < nranks {
         let left = deadline.saturating_duration_since(Instant::now());
         let ev = match rx.recv_timeout(left) {
             Ok(ev) => ev,
             Err(_) => {
                 let missing: Vec<usize> = (0..nranks).filter(|r| infos[*r].is_none()).collect();
-                tracing::warn!("oxccl root: giving up, ranks {missing:?} never registered");
-                let mut v = vec![MSG_REJECT];
-                v.put_str(&format!(
-                    "ranks {missing:?} of {nranks} did not reach the root within {:.0}s",
+                let why = format!(
+                    "ranks {missing:?} of {nranks} did not reach the root within {:.0} s (OXCCL_TIMEOUT)",
                     init_timeout.as_secs_f64()
-                ));
-                for c in conns.iter_mut().flatten() {
-                    send_to(c, &v);
-                }
-                return;
+                );
+                fail_setup(&why, nranks, &mut conns, Vec::new(), rx, Instant::now());
+                return None;
             }
         };
-        match ev {
+        let fatal = match ev {
             Event::Registered {
                 conn,
                 rank,
                 nranks: n,
                 info,
+                settings,
                 mut stream,
             } => {
                 if nranks == 0 {
@@ -580,51 +734,151 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                     conn_ids = vec![0; n];
                     infos = vec![None; n];
                 }
-                let problem = if n != nranks {
+                if n != nranks {
+                    conns.push(Some(stream));
+                    offenders.push(rank);
                     Some(format!(
-                        "rank {rank} says the world has {n} ranks, others say {nranks}"
+                        "rank {rank} says the world has {n} ranks, the ranks before it say {nranks} (OXCCL_WORLD_SIZE or the launcher's size differs)"
                     ))
                 } else if infos[rank].is_some() {
-                    Some(format!("rank {rank} registered twice"))
-                } else {
-                    None
-                };
-                if let Some(p) = problem {
+                    // Not fatal: a second process claiming a rank that is
+                    // already here (a stray restart) is turned away alone.
                     tracing::warn!(
-                        "oxccl root: rejected a registration from {:?}: {p}",
+                        "oxccl root: rejected a second registration of rank {rank} from {:?}",
                         stream.peer_addr().ok()
                     );
                     let mut v = vec![MSG_REJECT];
-                    v.put_str(&p);
+                    v.put_str(&format!("rank {rank} is already registered"));
                     send_to(&mut stream, &v);
                     let _ = stream.shutdown(Shutdown::Both);
-                    continue;
+                    None
+                } else {
+                    let differs = match &reference {
+                        Some((r0, s0)) => settings_differ((*r0, s0), (rank, &settings)),
+                        None => {
+                            reference = Some((rank, settings));
+                            None
+                        }
+                    };
+                    infos[rank] = Some(info);
+                    conns[rank] = Some(stream);
+                    conn_ids[rank] = conn;
+                    registered += 1;
+                    differs
                 }
-                infos[rank] = Some(info);
-                conns[rank] = Some(stream);
-                conn_ids[rank] = conn;
-                registered += 1;
+            }
+            Event::Refused {
+                rank,
+                nranks: n,
+                from,
+            } => {
+                refused.push((rank, n, from));
+                None
             }
             Event::Eof { conn, rank }
             | Event::Goodbye { conn, rank }
             | Event::Arrive { conn, rank, .. }
             | Event::Abort { conn, rank, .. } => {
-                if rank < nranks && conns[rank].is_some() && conn_ids[rank] == conn {
-                    // A registered rank vanished before the table went out:
-                    // nobody can complete init.
-                    let mut v = vec![MSG_REJECT];
-                    v.put_str(&format!("rank {rank} left during bootstrap"));
-                    for c in conns.iter_mut().flatten() {
-                        send_to(c, &v);
-                    }
-                    return;
-                }
+                (rank < nranks && conns[rank].is_some() && conn_ids[rank] == conn)
+                    .then(|| format!("rank {rank} left during bootstrap"))
             }
+        };
+        let fatal = fatal.or_else(|| {
+            refused
+                .iter()
+                .find(|(r, _, _)| *r < nranks && infos[*r].is_none())
+                .map(|(r, n, from)| {
+                    if *n != nranks {
+                        format!(
+                            "rank {r} (connecting from {from}) was refused: it believes the world has {n} ranks, the others {nranks} (OXCCL_WORLD_SIZE or the launcher's size differs; with an address rendezvous that also changes the job secret)"
+                        )
+                    } else {
+                        format!(
+                            "rank {r} (connecting from {from}) was refused: it uses another secret or unique id (OXCCL_SECRET / OXCCL_UNIQUE_ID / MASTER_ADDR must be the same on every rank)"
+                        )
+                    }
+                })
+        });
+        if let Some(why) = fatal {
+            let told = (0..nranks)
+                .filter(|r| infos[*r].is_some())
+                .chain(refused.iter().map(|(r, _, _)| *r))
+                .chain(offenders)
+                .collect();
+            fail_setup(&why, nranks, &mut conns, told, rx, deadline);
+            return None;
         }
     }
+    Some(Registered {
+        nranks,
+        conns,
+        conn_ids,
+        infos: infos.into_iter().flatten().collect(),
+    })
+}
+
+/// The job cannot start: tell every rank why, then tell the same to ranks
+/// that register late (they would otherwise wait for a table that never
+/// comes), until every rank of `nranks` has been told (refused ranks were
+/// told at their handshake) or `until`, and stop.
+fn fail_setup(
+    why: &str,
+    nranks: usize,
+    conns: &mut [Option<TcpStream>],
+    mut told: Vec<usize>,
+    rx: &Receiver<Event>,
+    until: Instant,
+) {
+    tracing::warn!("oxccl root: setup failed: {why}");
+    let mut v = vec![MSG_REJECT];
+    v.put_str(why);
+    for c in conns.iter_mut().flatten() {
+        send_to(c, &v);
+    }
+    let everyone = |told: &mut Vec<usize>| {
+        told.sort_unstable();
+        told.dedup();
+        nranks > 0 && (0..nranks).all(|r| told.binary_search(&r).is_ok())
+    };
+    let until = until.min(Instant::now() + LATE_REJECT_WINDOW);
+    while !everyone(&mut told) {
+        let Ok(ev) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) else {
+            return;
+        };
+        match ev {
+            Event::Registered {
+                mut stream, rank, ..
+            } => {
+                send_to(&mut stream, &v);
+                told.push(rank);
+            }
+            Event::Refused { rank, .. } => told.push(rank),
+            _ => {}
+        }
+    }
+}
+
+fn coordinate(
+    rx: Receiver<Event>,
+    init_timeout: Duration,
+    watch: Arc<RootWatch>,
+    stop_accepting: &AtomicBool,
+) {
+    let Some(Registered {
+        nranks,
+        mut conns,
+        conn_ids,
+        infos,
+    }) = register_all(&rx, init_timeout)
+    else {
+        watch.setup_over();
+        return;
+    };
+    // Everyone is here: the door closes (nobody may join a running job).
+    stop_accepting.store(true, Ordering::Relaxed);
     let mut table = vec![MSG_TABLE];
     table.put_u32(nranks as u32);
-    for i in infos.iter().flatten() {
+    for i in &infos {
         encode_info(&mut table, i);
     }
     for c in conns.iter_mut().flatten() {
@@ -660,6 +914,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                         relayed_failure = true;
                     }
                     for v in verdicts {
+                        watch.record(&v);
                         let msg = v.encode();
                         for (i, c) in conns.iter_mut().enumerate() {
                             if !gone[i] {
@@ -679,6 +934,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             },
         };
         let claimed = match &ev {
+            Event::Refused { .. } => continue, // after setup, only logged
             Event::Registered { rank, .. }
             | Event::Abort { rank, .. }
             | Event::Goodbye { rank, .. }
@@ -713,7 +969,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                     number,
                     arrived: vec![false; nranks],
                     started: Instant::now(),
-                    deadline: Instant::now() + wait,
+                    deadline: crate::config::value::deadline_after(wait),
                 });
                 if b.number != number {
                     // A rank ahead of or behind the others: it is absent
@@ -742,7 +998,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                 gone[rank] = true;
                 let host = conns[rank]
                     .as_ref()
-                    .and(infos[rank].as_ref())
+                    .and(infos.get(rank))
                     .map(|i| i.hostname.clone())
                     .unwrap_or_default();
                 (
@@ -776,6 +1032,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
                 continue;
             }
             Event::Abort { rank, notice, .. } => (rank, notice),
+            Event::Refused { .. } => continue,
             Event::Registered {
                 mut stream, rank, ..
             } => {
@@ -790,6 +1047,7 @@ fn coordinate(rx: Receiver<Event>, init_timeout: Duration) {
             continue; // the first cause is the one that matters
         }
         relayed_failure = true;
+        watch.record(&notice);
         let msg = notice.encode();
         for (i, c) in conns.iter_mut().enumerate() {
             if i != rank && !gone[i] {
@@ -906,46 +1164,73 @@ pub(crate) struct Control {
     gone: bool,
 }
 
-/// Connect to the root (retrying until it is up or the deadline passes),
-/// register, and wait for the peer table.
+/// One attempt to reach the root: connect and shake hands within `left`.
+fn join_root(
+    root: SocketAddr,
+    secret: &Secret,
+    rank: usize,
+    nranks: usize,
+    left: Duration,
+) -> Result<TcpStream> {
+    let mut s = TcpStream::connect_timeout(&root, left.min(Duration::from_secs(5)))
+        .map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(left.min(DOOR_TIMEOUT)));
+    let _ = s.set_write_timeout(Some(left.min(DOOR_TIMEOUT)));
+    let hello = Hello::new(Purpose::Bootstrap, secret.comm_id(), rank, ROOT, nranks, 0)?;
+    handshake::client(&mut s, secret, &hello)?;
+    Ok(s)
+}
+
+/// Connect to the root (retrying until it is up or `connect_deadline`
+/// passes: a wrong address fails in seconds, not after the collective
+/// timeout), register with the settings that must agree, and wait for the
+/// peer table (until `deadline`).
 pub(crate) fn rendezvous(
     root: SocketAddr,
     secret: &Secret,
     me: &PeerInfo,
     nranks: usize,
+    settings: &[(&str, String)],
+    connect_deadline: Instant,
     deadline: Instant,
 ) -> Result<(Control, Vec<PeerInfo>)> {
+    let started = Instant::now();
+    let mut last_error = String::from("no attempt finished");
+    // Connect and shake hands, again and again until the deadline: the
+    // root may not be up yet, or may close a connection on arrival when it
+    // is busy admitting others. Only a refusal (another job) is final.
     let mut s = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
+        let left = connect_deadline
+            .min(deadline)
+            .saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(Error::Bootstrap(format!(
-                "could not reach the root at {root} in time; check the address (OXCCL_ROOT / MASTER_ADDR / the unique id), that rank 0 or the launcher is running, and firewalls"
+                "could not reach the root at {root} within {:.1} s (OXCCL_CONNECT_TIMEOUT): {last_error}; check the address (OXCCL_ROOT / MASTER_ADDR / the unique id), that rank 0 or the launcher is running, and firewalls",
+                started.elapsed().as_secs_f64(),
             )));
         }
-        match TcpStream::connect_timeout(&root, left.min(Duration::from_secs(5))) {
+        match join_root(root, secret, me.rank, nranks, left) {
             Ok(s) => break s,
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) if handshake::is_refusal(&e) => {
+                return Err(Error::Bootstrap(format!("root at {root} refused us: {e}")))
+            }
+            Err(e) => {
+                last_error = e.to_string();
+                std::thread::sleep(Duration::from_millis(20).min(left));
+            }
         }
     };
-    let _ = s.set_nodelay(true);
-    let io_left = deadline
-        .saturating_duration_since(Instant::now())
-        .max(Duration::from_millis(1));
-    let _ = s.set_read_timeout(Some(io_left.min(DOOR_TIMEOUT)));
-    let _ = s.set_write_timeout(Some(io_left.min(DOOR_TIMEOUT)));
-    let hello = Hello::new(
-        Purpose::Bootstrap,
-        secret.comm_id(),
-        me.rank,
-        ROOT,
-        nranks,
-        0,
-    )?;
-    handshake::client(&mut s, secret, &hello)
-        .map_err(|e| Error::Bootstrap(format!("root at {root} refused us: {e}")))?;
+    let _ = s.set_write_timeout(Some(
+        deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1))
+            .min(DOOR_TIMEOUT),
+    ));
     let mut reg = vec![MSG_REGISTER];
     reg.put_u32(nranks as u32);
     encode_info(&mut reg, me);
+    encode_settings(&mut reg, settings);
     wire::write_frame(&mut s, &reg)
         .map_err(|e| Error::Bootstrap(format!("registering with the root: {e}")))?;
     let _ = s.set_read_timeout(Some(
@@ -1050,6 +1335,12 @@ pub(crate) enum ControlEvent {
 
 impl Control {
     /// The fd to poll for notices; -1 (ignored by poll) once the root is gone.
+    /// Whether the root is gone (its connection ended): no failure will be
+    /// relayed to this rank any more.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone
+    }
+
     pub(crate) fn fd(&self) -> RawFd {
         if self.gone {
             -1

@@ -17,6 +17,7 @@
 //! against accidents between jobs, not against an attacker: set
 //! `OXCCL_SECRET` or pass a unique id for that).
 
+use crate::config::vars::{host_port, MAX_RANKS};
 use crate::error::{Error, Result};
 use crate::handshake::Secret;
 use crate::id::UniqueId;
@@ -54,8 +55,7 @@ impl RootSpec {
                     // The name may resolve to an address this host cannot
                     // bind (NAT, alias): listen on every interface instead.
                     let any = SocketAddr::new(std::net::Ipv4Addr::UNSPECIFIED.into(), addr.port());
-                    UniqueId::serve(any, secret, init_timeout)
-                        .map(|_| UniqueId::from_parts(addr, secret))
+                    UniqueId::serve(any, secret, init_timeout).map(|served| served.reached_at(addr))
                 })
             }
             RootSpec::Addr { addr, secret } => Ok(UniqueId::from_parts(addr, secret)),
@@ -76,7 +76,7 @@ fn num(name: &str) -> Result<Option<usize>> {
         Some(v) => v
             .parse::<usize>()
             .map(Some)
-            .map_err(|_| Error::Config(format!("{name}={v:?} is not a non-negative integer"))),
+            .map_err(|_| Error::Config(format!("{name}={v:?}: expected a whole number"))),
     }
 }
 
@@ -110,28 +110,43 @@ pub fn launch_env() -> Result<LaunchEnv> {
     let mut found = None;
     for (source, r, s, l) in SOURCES {
         if let (Some(rank), Some(size)) = (num(r)?, num(s)?) {
-            found = Some((source, rank, size, num(l)?));
+            found = Some((source, rank, size, num(l)?, (r, s)));
             break;
         }
     }
-    let Some((source, rank, nranks, local_rank)) = found else {
+    let Some((source, rank, nranks, local_rank, (r_var, s_var))) = found else {
         return Err(Error::Config(
             "no rank/world size in the environment: run under oxrun, torchrun, mpirun or srun, \
              or set OXCCL_RANK and OXCCL_WORLD_SIZE"
                 .into(),
         ));
     };
-    if nranks == 0 || rank >= nranks {
+    if nranks == 0 || nranks > MAX_RANKS {
         return Err(Error::Config(format!(
-            "{source}: rank {rank} is not in 0..{nranks}"
+            "{s_var}={nranks}: expected a number of ranks from 1 to {MAX_RANKS}"
+        )));
+    }
+    if rank >= nranks {
+        return Err(Error::Config(format!(
+            "{r_var}={rank} is not a rank of {s_var}={nranks} (ranks are 0 to {})",
+            nranks - 1
         )));
     }
     let root = if let Some(id) = var("OXCCL_UNIQUE_ID") {
-        RootSpec::Id(id.parse()?)
+        RootSpec::Id(
+            id.parse()
+                .map_err(|e| Error::Config(format!("OXCCL_UNIQUE_ID: {e}")))?,
+        )
     } else {
         let (addr, what) = if let Some(r) = var("OXCCL_ROOT") {
+            host_port("OXCCL_ROOT", &r)?;
             (resolve(&r, "OXCCL_ROOT")?, "OXCCL_ROOT")
         } else if let (Some(a), Some(p)) = (var("MASTER_ADDR"), num("MASTER_PORT")?) {
+            if !(1..=65534).contains(&p) {
+                return Err(Error::Config(format!(
+                    "MASTER_PORT={p}: expected a port from 1 to 65534"
+                )));
+            }
             // torchrun's agent store listens on MASTER_PORT itself.
             let port = if var("TORCHELASTIC_RUN_ID").is_some() {
                 p + 1

@@ -23,6 +23,14 @@ use std::io::{Read, Write};
 const HELLO_MAGIC: &[u8; 8] = b"OXCCLHS1";
 const CHALLENGE_MAGIC: &[u8; 8] = b"OXCCLHS2";
 const ACCEPT: &[u8; 8] = b"OXCCLOK!";
+/// Sent instead of a challenge when the server refuses the hello, so the
+/// client fails saying why instead of "connection reset".
+const REFUSE_MAGIC: &[u8; 8] = b"OXCCLNO!";
+/// Refusal: the hello names another communicator (other secret or job).
+const REFUSED_OTHER_JOB: u8 = 1;
+/// Refusal: right communicator, but not a connection the server takes
+/// (wrong purpose or rank, or its setup is over).
+const REFUSED_UNEXPECTED: u8 = 2;
 /// Size of the hello message on the wire.
 pub const HELLO_LEN: usize = 64;
 
@@ -203,6 +211,12 @@ fn io_err(step: &str, e: std::io::Error) -> Error {
     Error::Handshake(format!("{step}: {e}"))
 }
 
+/// Whether a client-side error is the server's refusal (final: retrying
+/// cannot help) rather than a connection that broke.
+pub fn is_refusal(e: &Error) -> bool {
+    matches!(e, Error::Handshake(m) if m.starts_with("refused by the server"))
+}
+
 /// Run the client side; `Ok` means the server proved the secret and
 /// accepted us.
 pub fn client(s: &mut (impl Read + Write), secret: &Secret, hello: &Hello) -> Result<()> {
@@ -211,6 +225,15 @@ pub fn client(s: &mut (impl Read + Write), secret: &Secret, hello: &Hello) -> Re
     let mut ch = [0u8; 48];
     s.read_exact(&mut ch)
         .map_err(|e| io_err("reading challenge (wrong secret or communicator?)", e))?;
+    if &ch[..8] == REFUSE_MAGIC {
+        return Err(Error::Handshake(
+            match ch[8] {
+                REFUSED_OTHER_JOB => "refused by the server: it serves another communicator (a different OXCCL_SECRET or unique id, a different world size (OXCCL_WORLD_SIZE) under an address rendezvous, or another job at this address)",
+                _ => "refused by the server: it does not expect this connection (wrong rank or purpose, or its setup is over)",
+            }
+            .into(),
+        ));
+    }
     if &ch[..8] != CHALLENGE_MAGIC {
         return Err(Error::Handshake("server sent a malformed challenge".into()));
     }
@@ -236,13 +259,37 @@ pub fn client(s: &mut (impl Read + Write), secret: &Secret, hello: &Hello) -> Re
 pub fn server(
     s: &mut (impl Read + Write),
     secret: &Secret,
+    comm_id: u64,
     check: impl FnOnce(&Hello) -> Result<()>,
 ) -> Result<Hello> {
     let mut hb = [0u8; HELLO_LEN];
     s.read_exact(&mut hb)
         .map_err(|e| io_err("reading hello", e))?;
     let hello = Hello::decode(&hb)?;
-    check(&hello)?;
+    // `check` sees every hello, even another communicator's (the root
+    // uses that to name a rank started with a different secret).
+    let vetted = check(&hello).and_then(|_| {
+        if hello.comm_id != comm_id {
+            Err(Error::Handshake(format!(
+                "communicator {:#x} is not this one ({comm_id:#x})",
+                hello.comm_id
+            )))
+        } else {
+            Ok(())
+        }
+    });
+    if let Err(e) = vetted {
+        // Say why before hanging up (best effort: the client may be gone).
+        let mut no = [0u8; 48];
+        no[..8].copy_from_slice(REFUSE_MAGIC);
+        no[8] = if hello.comm_id != comm_id {
+            REFUSED_OTHER_JOB
+        } else {
+            REFUSED_UNEXPECTED
+        };
+        let _ = s.write_all(&no);
+        return Err(e);
+    }
     let mut server_nonce = [0u8; 16];
     getrandom::fill(&mut server_nonce)
         .map_err(|e| Error::Handshake(format!("no OS randomness: {e}")))?;
@@ -285,11 +332,11 @@ mod tests {
         let (mut c, mut s) = pair();
         let h = Hello::new(Purpose::Tcp, 7, 1, 0, 2, 0).unwrap();
         let t = std::thread::spawn(move || {
-            server(&mut s, &secret, |h| {
-                if h.comm_id == 7 {
+            server(&mut s, &secret, 7, |h| {
+                if h.from == 1 {
                     Ok(())
                 } else {
-                    Err(Error::Handshake("id".into()))
+                    Err(Error::Handshake("rank".into()))
                 }
             })
         });
@@ -301,10 +348,31 @@ mod tests {
     fn wrong_secret_is_rejected_on_both_sides() {
         let (mut c, mut s) = pair();
         let h = Hello::new(Purpose::Tcp, 7, 1, 0, 2, 0).unwrap();
-        let t = std::thread::spawn(move || server(&mut s, &Secret([1; 16]), |_| Ok(())));
+        let t = std::thread::spawn(move || server(&mut s, &Secret([1; 16]), 7, |_| Ok(())));
         assert!(client(&mut c, &Secret([2; 16]), &h).is_err());
         drop(c);
         assert!(matches!(t.join().unwrap(), Err(Error::Handshake(_))));
+    }
+
+    #[test]
+    fn a_refused_client_is_told_why() {
+        for (comm_id, from, says) in [(8, 1, "another communicator"), (7, 5, "does not expect")] {
+            let (mut c, mut s) = pair();
+            let h = Hello::new(Purpose::Tcp, comm_id, from, 0, 2, 0).unwrap();
+            let secret = Secret([1; 16]);
+            let t = std::thread::spawn(move || {
+                server(&mut s, &secret, 7, |h| {
+                    if h.from == 1 {
+                        Ok(())
+                    } else {
+                        Err(Error::Handshake("rank".into()))
+                    }
+                })
+            });
+            let e = client(&mut c, &secret, &h).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+            assert!(t.join().unwrap().is_err());
+        }
     }
 
     #[test]

@@ -13,11 +13,21 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// Root address + secret. `new()` also starts the root.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct UniqueId {
     root: SocketAddr,
     secret: Secret,
+    /// The root, when this process hosts it (not part of the id's value).
+    hosted: Option<std::sync::Arc<bootstrap::RootWatch>>,
 }
+
+impl PartialEq for UniqueId {
+    fn eq(&self, other: &UniqueId) -> bool {
+        self.root == other.root && self.secret == other.secret
+    }
+}
+
+impl Eq for UniqueId {}
 
 const PREFIX: &str = "oxccl1:";
 
@@ -45,13 +55,44 @@ impl UniqueId {
         let root = l
             .local_addr()
             .map_err(|e| Error::Bootstrap(e.to_string()))?;
-        bootstrap::spawn_root(l, secret, init_timeout)?;
-        Ok(UniqueId { root, secret })
+        let watch = std::sync::Arc::new(bootstrap::RootWatch::default());
+        bootstrap::spawn_root(l, secret, init_timeout, watch.clone())?;
+        Ok(UniqueId {
+            root,
+            secret,
+            hosted: Some(watch),
+        })
+    }
+
+    /// The root's watch, when this process hosts the root.
+    pub fn hosted_root(&self) -> Option<&bootstrap::RootWatch> {
+        self.hosted.as_deref()
+    }
+
+    /// Like [`UniqueId::with_config`], also returning a watch on the root
+    /// this process hosts: a launcher learns the job's first failure from
+    /// it (see [`bootstrap::RootWatch`]).
+    pub fn watched(cfg: &Config) -> Result<(UniqueId, std::sync::Arc<bootstrap::RootWatch>)> {
+        let ip = net::pick_address(cfg.socket_ifname.as_deref())?;
+        let id = UniqueId::serve(SocketAddr::new(ip, 0), Secret::random()?, cfg.timeout)?;
+        let watch = id.hosted.clone().expect("a served id hosts its root");
+        Ok((id, watch))
+    }
+
+    /// The same id with the address ranks use to reach the root (when it
+    /// listens on every interface and the ranks know it by another name).
+    pub(crate) fn reached_at(mut self, root: SocketAddr) -> UniqueId {
+        self.root = root;
+        self
     }
 
     /// An id naming a root started elsewhere.
     pub fn from_parts(root: SocketAddr, secret: Secret) -> UniqueId {
-        UniqueId { root, secret }
+        UniqueId {
+            root,
+            secret,
+            hosted: None,
+        }
     }
 
     /// The root's address.
@@ -118,6 +159,7 @@ impl FromStr for UniqueId {
         Ok(UniqueId {
             root,
             secret: Secret(secret),
+            hosted: None,
         })
     }
 }

@@ -72,8 +72,9 @@ impl CallCtx<'_> {
 
     pub(super) fn root_gone(&self) -> Error {
         Error::Bootstrap(format!(
-            "lost the connection to the rendezvous root during {} (the launcher or the rank hosting the root ended)",
-            self.during
+            "lost the connection to the rendezvous root during {}, and the call made no progress for {} s since (the launcher or the rank hosting the root ended; failures of other ranks can no longer be detected or relayed)",
+            self.during,
+            super::ORPHAN_IDLE.as_secs()
         ))
     }
 

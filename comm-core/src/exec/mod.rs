@@ -47,6 +47,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long a call whose root is gone may see no progress before it fails
+/// (see `wait`): long next to any healthy pause between two messages.
+const ORPHAN_IDLE: Duration = Duration::from_secs(2);
+
 /// How long a waiting call spins without yielding when it has a core.
 pub(crate) const PURE_SPIN: Duration = Duration::from_micros(2);
 /// Streams per link the staging table is sized for.
@@ -825,12 +829,20 @@ fn wait(
         events: libc::POLLIN,
         revents: 0,
     });
+    let idle_from = Instant::now();
     loop {
         if cx.aborted.load(Ordering::Acquire) {
             return Err(Error::Aborted {
                 by: None,
                 world_by: None,
             });
+        }
+        // Without the root nobody relays another rank's failure or judges
+        // a stall: a call that sees no progress for a while fails saying
+        // so, instead of waiting out the full timeout (or forever).
+        let orphaned = cx.control.is_gone();
+        if orphaned && idle_from.elapsed() >= ORPHAN_IDLE {
+            return Err(cx.root_gone());
         }
         let left = cx.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -875,6 +887,9 @@ fn wait(
             // Phase counters wake no fd: look again soon.
             ms = ms.min(direct::SLEEP_SLICE.as_millis() as i32);
         }
+        if orphaned {
+            ms = ms.min(ORPHAN_IDLE.as_millis() as i32);
+        }
         // SAFETY: pollfds is a valid array of initialised pollfd for the call.
         let r = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, ms) };
         if r < 0 {
@@ -893,7 +908,10 @@ fn wait(
                 Some(ControlEvent::RootGone) => {
                     // No more notices will come; the data links still tell.
                     pollfds[nf - 2].fd = -1;
-                    tracing::debug!("oxccl: {}", cx.root_gone());
+                    tracing::info!(
+                        "oxccl: lost the connection to the rendezvous root during {}; the call goes on while data moves",
+                        cx.during
+                    );
                 }
                 // Only a monitored barrier waits for releases.
                 Some(ControlEvent::Released(_)) | None => {}

@@ -2,7 +2,10 @@
 //! data ports, shared-memory sockets): non-blocking accepts woken by
 //! `poll(2)`, a stop flag checked five times a second, and each connection
 //! handed to its own thread, so a stranger that connects and says nothing
-//! (the door threads read with a deadline) never holds up anyone else.
+//! never holds up anyone else. Bounded: at most [`MAX_ADMITTING`]
+//! admissions at once, each within [`ADMISSION_DEADLINE`] in total
+//! ([`Admission`]); transports close their doors when setup is over
+//! (`Endpoint::seal`), so no link can be added to a running communicator.
 //! Also the dialing side's retry loop and the pairwise setup that the
 //! shared-memory and RDMA transports share.
 
@@ -10,28 +13,64 @@ use crate::error::{Error, Result};
 use crate::transport::SetupCtx;
 use std::io::ErrorKind;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Most connections a listener admits at once (handshakes in progress).
+/// Beyond it, new connections are closed on arrival: a flood of silent
+/// clients costs a few file descriptors, not a thread each.
+pub const MAX_ADMITTING: usize = 64;
+
+/// Longest a connection may take to complete its whole admission
+/// (handshake and what follows), however it trickles its bytes in.
+pub const ADMISSION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// One admission slot (see [`MAX_ADMITTING`]); freed when dropped, which a
+/// long-lived connection (the root's relay) does once it is admitted.
+#[derive(Debug)]
+pub struct Permit(Arc<AtomicUsize>);
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Run on the calling thread until `stop` is set: `accept` returns the next
 /// connection (`ErrorKind::WouldBlock` when none is waiting on `fd`), and
-/// `admit` runs for it on a new thread named `name`.
+/// `admit` runs for it on a new thread named `name`, holding a [`Permit`].
 pub fn accept_until<C: Send + 'static>(
     name: &str,
     fd: RawFd,
     stop: &Arc<AtomicBool>,
     mut accept: impl FnMut() -> std::io::Result<C>,
-    admit: impl Fn(C) + Send + Sync + Clone + 'static,
+    admit: impl Fn(C, Permit) + Send + Sync + Clone + 'static,
 ) {
+    let admitting = Arc::new(AtomicUsize::new(0));
+    let mut turned_away = 0u64;
     while !stop.load(Ordering::Relaxed) {
         match accept() {
             Ok(c) => {
-                let admit = admit.clone();
-                let _ = std::thread::Builder::new()
+                if admitting.fetch_add(1, Ordering::AcqRel) >= MAX_ADMITTING {
+                    admitting.fetch_sub(1, Ordering::AcqRel);
+                    turned_away += 1;
+                    if turned_away.is_power_of_two() {
+                        tracing::warn!(
+                            "oxccl: {name}: {MAX_ADMITTING} connections are already being admitted; closed {turned_away} more so far"
+                        );
+                    }
+                    drop(c);
+                    continue;
+                }
+                let (admit, permit) = (admit.clone(), Permit(admitting.clone()));
+                let spawned = std::thread::Builder::new()
                     .name(name.into())
-                    .spawn(move || admit(c));
+                    .spawn(move || admit(c, permit));
+                if let Err(e) = spawned {
+                    tracing::warn!("oxccl: {name}: no thread for a connection: {e}");
+                }
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
                 let mut p = libc::pollfd {
@@ -50,6 +89,82 @@ pub fn accept_until<C: Send + 'static>(
     }
 }
 
+/// Sockets whose blocking reads and writes can be given a timeout.
+pub trait Timeouts {
+    fn set_io_timeout(&self, d: Duration) -> std::io::Result<()>;
+}
+
+impl Timeouts for std::net::TcpStream {
+    fn set_io_timeout(&self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))?;
+        self.set_write_timeout(Some(d))
+    }
+}
+
+impl Timeouts for std::os::unix::net::UnixStream {
+    fn set_io_timeout(&self, d: Duration) -> std::io::Result<()> {
+        self.set_read_timeout(Some(d))?;
+        self.set_write_timeout(Some(d))
+    }
+}
+
+/// A socket under admission with one deadline for the whole exchange:
+/// every read and write gets the time left, so a client that drips a byte
+/// just before each per-read timeout still runs out of time.
+#[derive(Debug)]
+pub struct Admission<S: Timeouts> {
+    pub stream: S,
+    deadline: Instant,
+}
+
+impl<S: Timeouts> Admission<S> {
+    /// Admit `stream` within [`ADMISSION_DEADLINE`] from now.
+    pub fn new(stream: S) -> Admission<S> {
+        Admission {
+            stream,
+            deadline: Instant::now() + ADMISSION_DEADLINE,
+        }
+    }
+
+    /// Give the socket the time left; `TimedOut` when none is.
+    pub fn arm(&self) -> std::io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                format!(
+                    "admission took longer than {} s",
+                    ADMISSION_DEADLINE.as_secs()
+                ),
+            ));
+        }
+        self.stream.set_io_timeout(left)
+    }
+
+    /// The socket, with no deadline left on it.
+    pub fn into_inner(self) -> S {
+        self.stream
+    }
+}
+
+impl<S: Timeouts + std::io::Read> std::io::Read for Admission<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        self.stream.read(buf)
+    }
+}
+
+impl<S: Timeouts + std::io::Write> std::io::Write for Admission<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        self.stream.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
 /// A listener's accept thread, stopped when this is dropped (or closed):
 /// what a transport endpoint holds for as long as it accepts peers.
 #[derive(Debug)]
@@ -65,7 +180,7 @@ impl Door {
         name: &str,
         fd: RawFd,
         accept: impl FnMut() -> std::io::Result<C> + Send + 'static,
-        admit: impl Fn(C) + Send + Sync + Clone + 'static,
+        admit: impl Fn(C, Permit) + Send + Sync + Clone + 'static,
     ) -> Result<Door> {
         let stop = Arc::new(AtomicBool::new(false));
         let (stop2, door_name) = (stop.clone(), format!("{name}-door"));

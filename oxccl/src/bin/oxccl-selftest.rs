@@ -6,6 +6,7 @@
 //! oxrun -n 4 oxccl-selftest init                # time communicator creation
 //! oxrun -n 4 oxccl-selftest loop 16M            # all_reduce until an error (fault tests)
 //! oxrun -n 4 oxccl-selftest die 2               # rank 2 SIGKILLs itself mid-job
+//! oxrun -n 4 oxccl-selftest fail 2              # rank 2 aborts and exits 5 mid-job
 //! (direct) oxccl-selftest fault all_gather 16M 1 mid  # fault injection, see tests/faults.rs
 //! oxrun -n 4 oxccl-selftest small 10000         # many tiny all_reduces, each checked
 //! oxrun -n 2 oxccl-selftest registered-memory 4M # all_reduce from register_memory'd Vecs
@@ -392,8 +393,26 @@ fn main() {
                 }
             }
         }
+        "fail" => {
+            // Rank VICTIM fails on purpose after a few all_reduces: it
+            // aborts the communicator and exits with status 5 (the others
+            // fail in reaction, exit 3, within the same moment): a
+            // launcher must name VICTIM, not the first process it reaps.
+            let victim: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(n - 1);
+            let mut buf = vec![1.0f32; 1 << 10];
+            for i in 0.. {
+                if rank == victim && i == 3 {
+                    comm.abort();
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::process::exit(5);
+                }
+                if comm.all_reduce_in_place(&mut buf, ReduceOp::Sum).is_err() {
+                    std::process::exit(3);
+                }
+            }
+        }
         other => fail(format!(
-            "unknown mode {other:?} (matrix, init, allreduce, loop, die)"
+            "unknown mode {other:?} (matrix, init, allreduce, loop, die, fail)"
         )),
     }
 }

@@ -35,16 +35,20 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
             "-n" | "-np" | "--np" | "--nproc-per-node" => {
                 let v = it.next().ok_or("missing value for -n")?;
                 n = Some(
-                    v.parse::<usize>()
-                        .map_err(|_| format!("-n {v:?} is not a number"))?,
+                    oxccl::settings::count("-n", &v, 1, oxccl::vars::MAX_RANKS)
+                        .map_err(|e| e.to_string())?,
                 );
             }
             "--kill-after" => {
                 let v = it.next().ok_or("missing value for --kill-after")?;
-                kill_after = Duration::from_secs_f64(
-                    v.parse::<f64>()
-                        .map_err(|_| format!("--kill-after {v:?}"))?,
-                );
+                kill_after = oxccl::settings::duration(
+                    "--kill-after",
+                    &v,
+                    1.0,
+                    Duration::ZERO,
+                    Duration::from_secs(3600),
+                )
+                .map_err(|e| e.to_string())?;
             }
             "--no-prefix" => prefix = false,
             "-h" | "--help" => return Err(USAGE.into()),

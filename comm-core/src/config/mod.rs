@@ -1,0 +1,200 @@
+//! Typed configuration. Every field has an `OXCCL_*` environment variable
+//! (documented in the README); [`Config::from_env`] reads them on top of the
+//! defaults, and code can set fields directly.
+
+pub mod value;
+pub mod vars;
+
+pub use value::parse_bytes;
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// Knobs of a communicator. Cheap to clone; copied into every child of
+/// `split`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Deadline of every wait (`OXCCL_TIMEOUT`, seconds, default 600,
+    /// 0.001 to one year).
+    pub timeout: Duration,
+    /// How long a rank retries reaching the root before it fails naming
+    /// the address (`OXCCL_CONNECT_TIMEOUT`, seconds, default 30): a
+    /// mistyped address fails in seconds, not after `timeout`.
+    pub connect_timeout: Duration,
+    /// TCP streams per peer (`OXCCL_NSOCKS`, 1..=16, default 2).
+    pub nsocks: usize,
+    /// Bytes per pipelined chunk and per receive staging slot
+    /// (`OXCCL_BUFFSIZE`, default 1 MiB, at least 4 KiB).
+    pub chunk_bytes: usize,
+    /// Interface for transport and bootstrap sockets (`OXCCL_SOCKET_IFNAME`,
+    /// a name or prefix like NCCL's: `eth0`, `^docker`, `=eth1`).
+    pub socket_ifname: Option<String>,
+    /// Socket send/receive buffer request (`OXCCL_SOCKET_BUFFER`, default 4 MiB,
+    /// 64 KiB to 1 GiB; the kernel caps it at net.core.{w,r}mem_max).
+    pub socket_buffer: usize,
+    /// Forced transport (`OXCCL_TRANSPORT`: `tcp`, `shm`, ...; `auto` or unset
+    /// lets the facade choose per peer).
+    pub transport: Option<String>,
+    /// How long a waiting call retries, yielding the CPU between tries,
+    /// before it sleeps in the kernel (`OXCCL_SPIN_US`, default 50 µs; 0
+    /// sleeps at once, at most 1 s).
+    pub spin: Duration,
+    /// Host identity override (`OXCCL_HOSTID`): ranks with the same value
+    /// are on one host (shared memory between them); unset, it is derived
+    /// from host name, boot id and network namespace.
+    pub host_id: Option<String>,
+    /// Force an algorithm by name (`OXCCL_ALGO`: any of
+    /// `algorithms::names()`) for the collectives it can run; unset, the
+    /// registry's rules decide (see `oneshot_bytes`).
+    pub algo: Option<String>,
+    /// Largest all-reduce (bytes per rank) that uses the one-shot algorithm
+    /// when no algorithm is forced (`OXCCL_ONESHOT_BYTES`).
+    pub oneshot_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            timeout: Duration::from_secs(600),
+            connect_timeout: Duration::from_secs(30),
+            nsocks: 2,
+            chunk_bytes: 1 << 20,
+            socket_ifname: None,
+            socket_buffer: 4 << 20,
+            transport: None,
+            spin: Duration::from_micros(50),
+            host_id: None,
+            algo: None,
+            oneshot_bytes: 16 << 10,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by `OXCCL_*` variables. Every `OXCCL_*`
+    /// variable that is set is validated ([`vars::check_env`]), used here
+    /// or not; a bad value is an error naming the variable and its range.
+    pub fn from_env() -> Result<Config> {
+        vars::check_env()?;
+        let mut c = Config::default();
+        if let Some(d) = vars::duration("OXCCL_TIMEOUT")? {
+            c.timeout = d;
+        }
+        if let Some(d) = vars::duration("OXCCL_CONNECT_TIMEOUT")? {
+            c.connect_timeout = d;
+        }
+        if let Some(n) = vars::count("OXCCL_NSOCKS")? {
+            c.nsocks = n;
+        }
+        if let Some(b) = vars::size("OXCCL_BUFFSIZE")? {
+            c.chunk_bytes = b;
+        }
+        if let Some(b) = vars::size("OXCCL_SOCKET_BUFFER")? {
+            c.socket_buffer = b;
+        }
+        if let Some(d) = vars::duration("OXCCL_SPIN_US")? {
+            c.spin = d;
+        }
+        c.socket_ifname = vars::text("OXCCL_SOCKET_IFNAME")?;
+        c.host_id = vars::text("OXCCL_HOSTID")?;
+        c.algo = vars::text("OXCCL_ALGO")?.filter(|a| a != "auto");
+        if let Some(b) = vars::size("OXCCL_ONESHOT_BYTES")? {
+            c.oneshot_bytes = b;
+        }
+        c.transport = vars::choice("OXCCL_TRANSPORT")?
+            .filter(|t| *t != "auto")
+            .map(String::from);
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Check ranges (the same as the variables'); called by `from_env` and
+    /// by communicator init, so a config built in code is held to them too.
+    pub fn validate(&self) -> Result<()> {
+        let range = |field: &str, var: &str, ok: bool, accepted: String| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::Config(format!("{field} ({var}) must be {accepted}")))
+            }
+        };
+        let durations = |var: &str, d: Duration, field: &str| match vars::var(var).kind {
+            vars::Kind::Seconds { min, max } | vars::Kind::Micros { min, max } => range(
+                field,
+                var,
+                (min..=max).contains(&d),
+                format!("from {min:?} to {max:?}, got {d:?}"),
+            ),
+            _ => Ok(()),
+        };
+        let numbers = |var: &str, n: usize, field: &str| match vars::var(var).kind {
+            vars::Kind::Count { min, max } | vars::Kind::Size { min, max } => range(
+                field,
+                var,
+                (min..=max).contains(&n),
+                format!("from {min} to {max}, got {n}"),
+            ),
+            _ => Ok(()),
+        };
+        durations("OXCCL_TIMEOUT", self.timeout, "timeout")?;
+        durations(
+            "OXCCL_CONNECT_TIMEOUT",
+            self.connect_timeout,
+            "connect_timeout",
+        )?;
+        durations("OXCCL_SPIN_US", self.spin, "spin")?;
+        numbers("OXCCL_NSOCKS", self.nsocks, "nsocks")?;
+        numbers("OXCCL_BUFFSIZE", self.chunk_bytes, "chunk_bytes")?;
+        numbers("OXCCL_SOCKET_BUFFER", self.socket_buffer, "socket_buffer")?;
+        numbers("OXCCL_ONESHOT_BYTES", self.oneshot_bytes, "oneshot_bytes")?;
+        if let Some(a) = &self.algo {
+            if algorithms::find(a).is_none() {
+                return Err(Error::Config(format!(
+                    "algorithm (OXCCL_ALGO) {a:?} is not one of: auto, {}",
+                    algorithms::names()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings every rank of a communicator must share, as
+    /// (variable, value) pairs: the root compares them at registration and
+    /// fails every rank at once, naming the first difference, instead of
+    /// letting mismatched ranks wait on each other until the timeout.
+    pub fn agreement(&self) -> Vec<(&'static str, String)> {
+        vec![
+            (
+                "OXCCL_TRANSPORT",
+                self.transport.clone().unwrap_or_else(|| "auto".into()),
+            ),
+            ("OXCCL_NSOCKS", self.nsocks.to_string()),
+            ("OXCCL_BUFFSIZE", value::show_bytes(self.chunk_bytes)),
+            (
+                "OXCCL_ALGO",
+                self.algo.clone().unwrap_or_else(|| "auto".into()),
+            ),
+            ("OXCCL_ONESHOT_BYTES", value::show_bytes(self.oneshot_bytes)),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_rejects_out_of_range() {
+        let c = Config {
+            nsocks: 0,
+            ..Config::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::Config(_))));
+        let c = Config {
+            chunk_bytes: 10,
+            ..Config::default()
+        };
+        assert!(matches!(c.validate(), Err(Error::Config(_))));
+        assert!(Config::default().validate().is_ok());
+    }
+}

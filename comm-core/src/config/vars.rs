@@ -1,0 +1,370 @@
+//! Every `OXCCL_*` environment variable, in one table: its name, what
+//! values it accepts and what it does. Readers elsewhere (the transports,
+//! the kernels, the launcher) take their ranges from here, and
+//! [`check_env`] validates every variable that is set — including those of
+//! features this process does not use, so a typo in `OXCCL_IB_TC` on a
+//! TCP-only run is still an error rather than a silent no-op.
+
+use super::value::{self, MAX_DURATION};
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// What a variable accepts.
+#[derive(Clone, Copy, Debug)]
+pub enum Kind {
+    /// Seconds (fractions allowed) in a range.
+    Seconds { min: Duration, max: Duration },
+    /// Microseconds (fractions allowed) in a range.
+    Micros { min: Duration, max: Duration },
+    /// A whole number in a range.
+    Count { min: usize, max: usize },
+    /// A byte size (K/M/G suffixes) in a range.
+    Size { min: usize, max: usize },
+    /// One of these words (case-insensitive).
+    Choice(&'static [&'static str]),
+    /// An algorithm name, or `auto`.
+    Algorithm,
+    /// `host:port` with a port from 1 to 65535.
+    HostPort,
+    /// A printed unique id.
+    UniqueId,
+    /// Free text (names, secrets, filters).
+    Text,
+}
+
+/// One environment variable.
+#[derive(Clone, Copy, Debug)]
+pub struct Var {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// One line for error messages and docs.
+    pub what: &'static str,
+}
+
+const fn secs(min_ms: u64, max: Duration) -> Kind {
+    Kind::Seconds {
+        min: Duration::from_millis(min_ms),
+        max,
+    }
+}
+
+/// Most ranks a job may have (bounds every rank variable).
+pub const MAX_RANKS: usize = 1 << 16;
+
+/// The table. Keep it sorted by name; README's table mirrors it.
+pub const VARS: &[Var] = &[
+    Var {
+        name: "OXCCL_ALGO",
+        kind: Kind::Algorithm,
+        what: "force an algorithm",
+    },
+    Var {
+        name: "OXCCL_BUFFSIZE",
+        kind: Kind::Size {
+            min: 4 << 10,
+            max: 1 << 30,
+        },
+        what: "bytes per pipelined chunk",
+    },
+    Var {
+        name: "OXCCL_CONNECT_TIMEOUT",
+        kind: secs(100, Duration::from_secs(3600)),
+        what: "how long a rank retries reaching the root before failing",
+    },
+    Var {
+        name: "OXCCL_DEBUG",
+        kind: Kind::Choice(&["off", "error", "warn", "info", "debug", "trace"]),
+        what: "log level of oxccl's binaries",
+    },
+    Var {
+        name: "OXCCL_FUZZ_ITERS",
+        kind: Kind::Count {
+            min: 0,
+            max: usize::MAX,
+        },
+        what: "iterations of the decoder fuzz tests (testing)",
+    },
+    Var {
+        name: "OXCCL_HOSTID",
+        kind: Kind::Text,
+        what: "host identity override",
+    },
+    Var {
+        name: "OXCCL_IB_GID_INDEX",
+        kind: Kind::Count { min: 0, max: 255 },
+        what: "RDMA GID index",
+    },
+    Var {
+        name: "OXCCL_IB_HCA",
+        kind: Kind::Text,
+        what: "RDMA devices and ports to use",
+    },
+    Var {
+        name: "OXCCL_IB_RETRY_CNT",
+        kind: Kind::Count { min: 0, max: 7 },
+        what: "RDMA transport retry count",
+    },
+    Var {
+        name: "OXCCL_IB_TC",
+        kind: Kind::Count { min: 0, max: 255 },
+        what: "RDMA traffic class",
+    },
+    Var {
+        name: "OXCCL_IB_TIMEOUT",
+        kind: Kind::Count { min: 0, max: 31 },
+        what: "RDMA local ACK timeout exponent",
+    },
+    Var {
+        name: "OXCCL_KERNEL_ISA",
+        kind: Kind::Choice(&["baseline", "scalar", "avx2", "avx512"]),
+        what: "cap the reduction kernels' instruction set",
+    },
+    Var {
+        name: "OXCCL_LOCAL_RANK",
+        kind: Kind::Count {
+            min: 0,
+            max: MAX_RANKS - 1,
+        },
+        what: "rank within the host",
+    },
+    Var {
+        name: "OXCCL_NSOCKS",
+        kind: Kind::Count { min: 1, max: 16 },
+        what: "TCP streams per peer",
+    },
+    Var {
+        name: "OXCCL_ONESHOT_BYTES",
+        kind: Kind::Size {
+            min: 0,
+            max: 1 << 30,
+        },
+        what: "largest all-reduce that uses the one-shot algorithm",
+    },
+    Var {
+        name: "OXCCL_RANK",
+        kind: Kind::Count {
+            min: 0,
+            max: MAX_RANKS - 1,
+        },
+        what: "this process's rank",
+    },
+    Var {
+        name: "OXCCL_ROOT",
+        kind: Kind::HostPort,
+        what: "address of the root that rank 0 hosts",
+    },
+    Var {
+        name: "OXCCL_SECRET",
+        kind: Kind::Text,
+        what: "job secret for address rendezvous",
+    },
+    Var {
+        name: "OXCCL_SHM_BUFFSIZE",
+        kind: Kind::Size {
+            min: 4 << 10,
+            max: 1 << 30,
+        },
+        what: "shared-memory ring bytes per direction",
+    },
+    Var {
+        name: "OXCCL_SOCKET_BUFFER",
+        kind: Kind::Size {
+            min: 64 << 10,
+            max: 1 << 30,
+        },
+        what: "TCP socket buffer request",
+    },
+    Var {
+        name: "OXCCL_SOCKET_IFNAME",
+        kind: Kind::Text,
+        what: "network interface filter",
+    },
+    Var {
+        name: "OXCCL_SPIN_US",
+        kind: Kind::Micros {
+            min: Duration::ZERO,
+            max: Duration::from_secs(1),
+        },
+        what: "how long a waiting call spins before sleeping",
+    },
+    Var {
+        name: "OXCCL_TIMEOUT",
+        kind: secs(1, MAX_DURATION),
+        what: "deadline of every wait",
+    },
+    Var {
+        name: "OXCCL_TRANSPORT",
+        kind: Kind::Choice(&["auto", "tcp", "shm", "rdma"]),
+        what: "force a transport",
+    },
+    Var {
+        name: "OXCCL_UNIQUE_ID",
+        kind: Kind::UniqueId,
+        what: "the rendezvous, as printed by a unique id",
+    },
+    Var {
+        name: "OXCCL_WORLD_SIZE",
+        kind: Kind::Count {
+            min: 1,
+            max: MAX_RANKS,
+        },
+        what: "number of ranks",
+    },
+    Var {
+        name: "OXCCL_WRITE_CORPUS",
+        kind: Kind::Text,
+        what: "write the fuzz corpus (testing)",
+    },
+];
+
+/// The table entry of `name` (a name not in the table is a bug here).
+pub fn var(name: &str) -> &'static Var {
+    VARS.iter()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("{name} is not in config::vars::VARS"))
+}
+
+/// The variable's value, trimmed; `None` when unset or blank.
+pub fn raw(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+}
+
+/// Check one value against its variable's kind.
+pub fn check(v: &Var, raw: &str) -> Result<()> {
+    let name = v.name;
+    match v.kind {
+        Kind::Seconds { min, max } => value::duration(name, raw, 1.0, min, max).map(drop),
+        Kind::Micros { min, max } => value::duration(name, raw, 1e-6, min, max).map(drop),
+        Kind::Count { min, max } => value::count(name, raw, min, max).map(drop),
+        Kind::Size { min, max } => value::size(name, raw, min, max).map(drop),
+        Kind::Choice(c) => value::choice(name, raw, c).map(drop),
+        Kind::Algorithm => {
+            if raw == "auto" || algorithms::find(raw).is_some() {
+                Ok(())
+            } else {
+                Err(Error::Config(format!(
+                    "{name}={raw:?}: expected auto or one of {}",
+                    algorithms::names()
+                )))
+            }
+        }
+        Kind::HostPort => host_port(name, raw).map(drop),
+        Kind::UniqueId => raw
+            .parse::<crate::id::UniqueId>()
+            .map(drop)
+            .map_err(|e| Error::Config(format!("{name}: {e}"))),
+        Kind::Text => Ok(()),
+    }
+}
+
+/// Split `host:port` (IPv6 as `[addr]:port`) and check the port is 1..=65535.
+pub fn host_port<'a>(name: &str, raw: &'a str) -> Result<(&'a str, u16)> {
+    let bad = || {
+        Error::Config(format!(
+            "{name}={raw:?}: expected host:port with a port from 1 to 65535 (the root must listen on a port every rank knows)"
+        ))
+    };
+    let (host, port) = raw.trim().rsplit_once(':').ok_or_else(bad)?;
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(bad)?;
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host, port))
+}
+
+/// Validate every `OXCCL_*` variable that is set: a known one with a bad
+/// value is an error naming it and its range; an unknown one is a warning
+/// (likely a typo).
+pub fn check_env() -> Result<()> {
+    for (key, val) in std::env::vars_os() {
+        let Some(key) = key.to_str() else { continue };
+        if !key.starts_with("OXCCL_") {
+            continue;
+        }
+        let Some(v) = VARS.iter().find(|v| v.name == key) else {
+            tracing::warn!("oxccl: unknown variable {key} ignored (known: see the README's table)");
+            continue;
+        };
+        let Some(val) = val.to_str() else {
+            return Err(Error::Config(format!("{key} is not valid UTF-8")));
+        };
+        if val.trim().is_empty() {
+            continue;
+        }
+        check(v, val.trim())?;
+    }
+    Ok(())
+}
+
+fn typed<T>(name: &str, parse: impl FnOnce(&Var, &str) -> Result<T>) -> Result<Option<T>> {
+    let v = var(name);
+    raw(name).map(|r| parse(v, &r)).transpose()
+}
+
+/// A `Seconds` or `Micros` variable, range-checked.
+pub fn duration(name: &str) -> Result<Option<Duration>> {
+    typed(name, |v, r| match v.kind {
+        Kind::Seconds { min, max } => value::duration(name, r, 1.0, min, max),
+        Kind::Micros { min, max } => value::duration(name, r, 1e-6, min, max),
+        k => panic!("{name} is a {k:?}, not a duration"),
+    })
+}
+
+/// A `Count` variable, range-checked.
+pub fn count(name: &str) -> Result<Option<usize>> {
+    typed(name, |v, r| match v.kind {
+        Kind::Count { min, max } => value::count(name, r, min, max),
+        k => panic!("{name} is a {k:?}, not a count"),
+    })
+}
+
+/// A `Size` variable, range-checked.
+pub fn size(name: &str) -> Result<Option<usize>> {
+    typed(name, |v, r| match v.kind {
+        Kind::Size { min, max } => value::size(name, r, min, max),
+        k => panic!("{name} is a {k:?}, not a size"),
+    })
+}
+
+/// A `Choice` variable: the canonical spelling of the chosen word.
+pub fn choice(name: &str) -> Result<Option<&'static str>> {
+    typed(name, |v, r| match v.kind {
+        Kind::Choice(c) => value::choice(name, r, c),
+        k => panic!("{name} is a {k:?}, not a choice"),
+    })
+}
+
+/// Any other variable, checked against its kind, as text.
+pub fn text(name: &str) -> Result<Option<String>> {
+    typed(name, |v, r| check(v, r).map(|_| r.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_sorted_and_unique() {
+        for w in VARS.windows(2) {
+            assert!(w[0].name < w[1].name, "{} / {}", w[0].name, w[1].name);
+        }
+    }
+
+    #[test]
+    fn host_ports_need_a_port_others_can_know() {
+        assert!(host_port("OXCCL_ROOT", "127.0.0.1:0").is_err());
+        assert!(host_port("OXCCL_ROOT", "127.0.0.1").is_err());
+        assert!(host_port("OXCCL_ROOT", ":80").is_err());
+        assert!(host_port("OXCCL_ROOT", "h:70000").is_err());
+        assert_eq!(host_port("X", "[::1]:29500").unwrap(), ("[::1]", 29500));
+        let e = host_port("OXCCL_ROOT", "127.0.0.1:0").unwrap_err();
+        assert!(e.to_string().contains("OXCCL_ROOT"));
+    }
+}
