@@ -77,6 +77,9 @@ pub(crate) struct Inner {
     /// Sends and receives: links and a thread of their own.
     pub(crate) lane: Lane,
     _endpoints: Mutex<Vec<Box<dyn crate::transport::Endpoint>>>,
+    /// The root, when this process hosts it: a failure here waits for the
+    /// root to relay the first cause before the caller may exit.
+    hosted_root: Option<Arc<bootstrap::RootWatch>>,
     /// The endpoints' memory registries (zero-copy sends from
     /// `SharedBuffer`s on transports that have one: RDMA).
     pub(crate) registries: Vec<Arc<dyn crate::transport::Registry>>,
@@ -110,6 +113,10 @@ pub(crate) struct State {
 
 /// Schedules kept per communicator.
 const SCHEDULE_CACHE: usize = 16;
+
+/// How long a failing rank that hosts the root waits for the root to relay
+/// the first cause (it takes milliseconds; bounded for a stuck peer socket).
+const RELAY_WAIT: Duration = Duration::from_secs(2);
 
 /// A call's plan: the algorithm (its position in `algorithms::REGISTRY`),
 /// its schedule, and whether it reaches peers' memory directly (then every
@@ -350,6 +357,7 @@ impl Communicator {
                 .map(|e| e.address())
                 .collect(),
             rescue: rescue.local_addr().ok(),
+            hosts_root: id.hosted_root().is_some(),
         };
         let (control, peers) = bootstrap::rendezvous(
             id.root(),
@@ -482,6 +490,7 @@ impl Communicator {
                 direct,
                 lane,
                 _endpoints: Mutex::new(endpoints.into_iter().chain(lane_endpoints).collect()),
+                hosted_root: id.hosted_root().cloned(),
             }),
             timeout: None,
         })
@@ -697,22 +706,24 @@ impl Communicator {
             .map(|b| format!("{b:02x}"))
             .collect();
         let secret = Secret::derive(&format!("{hex}|shrink|{dead:?}"));
+        let mut hosted = None;
         if me == leader {
             let listener = self.inner.rescue.lock().unwrap().take().ok_or_else(|| {
                 Error::invalid(
                     "shrink: this communicator was already shrunk once; shrink the new one",
                 )
             })?;
-            bootstrap::spawn_root(
-                listener,
-                secret,
-                self.inner.config.timeout,
-                Default::default(),
-            )?;
+            let watch = Arc::new(bootstrap::RootWatch::default());
+            bootstrap::spawn_root(listener, secret, self.inner.config.timeout, watch.clone())?;
+            hosted = Some(watch);
         }
         let world = survivors.iter().map(|r| self.inner.world[*r]).collect();
+        let id = match hosted {
+            Some(w) => UniqueId::hosting(root, secret, w),
+            None => UniqueId::from_parts(root, secret),
+        };
         Communicator::init_in(
-            &UniqueId::from_parts(root, secret),
+            &id,
             new_rank,
             survivors.len(),
             self.inner.config.clone(),
@@ -840,6 +851,12 @@ impl Inner {
         drop(p);
         if let Some(n) = executor::notice_for(self.rank, &e) {
             self.sender.lock().unwrap().abort(&n);
+        }
+        if let Some(w) = &self.hosted_root {
+            // This process may exit as soon as the caller sees the error,
+            // taking the root along: the first cause (ours, another rank's,
+            // or a stall verdict) must be out to everyone first.
+            w.wait_relayed(RELAY_WAIT);
         }
     }
 

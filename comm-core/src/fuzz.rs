@@ -120,6 +120,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             b"oxccl-0123456789abcdef".to_vec(),
         ],
         rescue: Some("10.0.0.7:4001".parse().unwrap()),
+        hosts_root: false,
     };
     let mut reg = vec![1u8];
     reg.put_u32(4);

@@ -141,3 +141,213 @@ fn a_stopped_peer_is_a_timeout_naming_it_on_every_survivor() {
         }
     }
 }
+
+/// One trial of the random fault harness.
+#[derive(Clone, Copy, Debug)]
+struct Trial {
+    ranks: usize,
+    transport: &'static str,
+    /// `uid`: a root hosted by a launcher (this test) and `OXCCL_UNIQUE_ID`;
+    /// `addr`: `OXCCL_ROOT`, rank 0 hosting the root (how mpirun/srun jobs run).
+    launch: &'static str,
+    signal: i32,
+    victim: usize,
+    /// Milliseconds after every rank ran its first call.
+    delay_ms: u64,
+    bytes: &'static str,
+}
+
+impl Trial {
+    fn random(seed: u64) -> Trial {
+        // xorshift64*: reproducible from the seed printed on failure.
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        let mut next = |m: u64| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_f491_4f6c_dd1d) % m
+        };
+        let ranks = 3 + next(6) as usize;
+        Trial {
+            ranks,
+            transport: ["shm", "tcp"][next(2) as usize],
+            launch: ["uid", "addr"][next(2) as usize],
+            signal: [libc::SIGKILL, libc::SIGSTOP][next(2) as usize],
+            // Rank 0 a third of the time: it hosts the root under `addr`.
+            victim: if next(3) == 0 {
+                0
+            } else {
+                next(ranks as u64) as usize
+            },
+            delay_ms: next(300),
+            bytes: ["8", "64K", "4M"][next(3) as usize],
+        }
+    }
+}
+
+/// Per survivor: (blamed rank, milliseconds from the signal to its error).
+fn run_trial(t: &Trial) -> Result<Vec<(i64, u128)>, String> {
+    use std::process::{Command, Stdio};
+    use std::sync::mpsc;
+    let n = t.ranks;
+    let selftest = env!("CARGO_BIN_EXE_oxccl-selftest");
+    let uid = oxccl::UniqueId::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        oxccl::transport_handshake::Secret::random().unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut kids: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = Command::new(selftest);
+            c.args(["loop", t.bytes])
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_WORLD_SIZE", n.to_string())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "3")
+                .env("OXCCL_TRANSPORT", t.transport)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null());
+            match t.launch {
+                "uid" => c.env("OXCCL_UNIQUE_ID", uid.to_string()),
+                _ => c
+                    .env("OXCCL_ROOT", format!("127.0.0.1:{port}"))
+                    .env("OXCCL_SECRET", format!("trial-{port}")),
+            };
+            c.spawn().unwrap()
+        })
+        .collect();
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    for (r, k) in kids.iter_mut().enumerate() {
+        let (out, tx) = (k.stdout.take().unwrap(), tx.clone());
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send((r, l));
+            }
+        });
+    }
+    let kill_all = |kids: &mut Vec<std::process::Child>| {
+        for k in kids.iter_mut() {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    };
+    let mut running = vec![false; n];
+    while !running.iter().all(|r| *r) {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok((r, l)) if l.starts_with("RUNNING") => running[r] = true,
+            Ok(_) => {}
+            Err(_) => {
+                kill_all(&mut kids);
+                return Err(format!("ranks did not start: {running:?}"));
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(t.delay_ms));
+    let signalled = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(kids[t.victim].id() as i32, t.signal) };
+    let mut verdicts: Vec<Option<(i64, u128)>> = vec![None; n];
+    let mut details = vec![String::new(); n];
+    let survivors = || (0..n).filter(|r| *r != t.victim);
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while survivors().any(|r| verdicts[r].is_none()) {
+        let left = until.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok((r, l)) => {
+                if let Some(rest) = l.strip_prefix("ERROR ") {
+                    let f: Vec<&str> = rest.split_whitespace().collect();
+                    let at: u128 = f[1].parse().unwrap();
+                    verdicts[r] = Some((f[2].parse().unwrap(), at.saturating_sub(signalled)));
+                } else if l.starts_with("DETAIL") {
+                    details[r] = l;
+                }
+            }
+            Err(_) => {
+                kill_all(&mut kids);
+                let silent: Vec<usize> = survivors().filter(|r| verdicts[*r].is_none()).collect();
+                return Err(format!(
+                    "HANG: survivors {silent:?} reported nothing in 30 s"
+                ));
+            }
+        }
+    }
+    // Let DETAIL lines arrive, then clean up (the stopped victim too).
+    std::thread::sleep(Duration::from_millis(50));
+    while let Ok((r, l)) = rx.try_recv() {
+        if l.starts_with("DETAIL") {
+            details[r] = l;
+        }
+    }
+    kill_all(&mut kids);
+    let out: Vec<(i64, u128)> = survivors().map(|r| verdicts[r].unwrap()).collect();
+    let wrong: Vec<String> = survivors()
+        .filter(|r| verdicts[*r].unwrap().0 != t.victim as i64)
+        .map(|r| format!("rank {r} blamed {}: {}", verdicts[r].unwrap().0, details[r]))
+        .collect();
+    if !wrong.is_empty() {
+        return Err(format!("wrong culprit: {}", wrong.join(" | ")));
+    }
+    Ok(out)
+}
+
+fn harness(seeds: impl IntoIterator<Item = u64>) {
+    let mut failures = Vec::new();
+    let mut times: std::collections::BTreeMap<String, Vec<u128>> = Default::default();
+    let mut trials = 0;
+    for seed in seeds {
+        trials += 1;
+        let t = Trial::random(seed);
+        eprintln!("seed {seed}: {t:?}");
+        match run_trial(&t) {
+            Ok(v) => {
+                let sig = if t.signal == libc::SIGKILL {
+                    "SIGKILL"
+                } else {
+                    "SIGSTOP"
+                };
+                let key = format!("{sig} {} {}", t.launch, t.transport);
+                times.entry(key).or_default().extend(v.iter().map(|x| x.1));
+            }
+            Err(e) => failures.push(format!("seed {seed} {t:?}: {e}")),
+        }
+    }
+    for (k, mut v) in times {
+        v.sort_unstable();
+        eprintln!(
+            "{k}: {} survivor reports, detection min {} ms, median {} ms, max {} ms",
+            v.len(),
+            v[0],
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
+    eprintln!("{trials} trials, {} failed", failures.len());
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The random fault harness, short: seeds chosen to cover both launch
+/// modes x both signals x rank 0 or another rank as the victim.
+#[test]
+fn random_faults_every_survivor_names_the_victim() {
+    harness([9, 16, 0, 6, 11, 10, 1, 3]);
+}
+
+/// The long run (`cargo test --release -p oxccl --test faults -- --ignored`).
+#[test]
+#[ignore]
+fn random_faults_long() {
+    let n = std::env::var("OXCCL_FAULT_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    harness(1000..1000 + n);
+}

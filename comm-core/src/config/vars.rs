@@ -77,6 +77,14 @@ pub const VARS: &[Var] = &[
         what: "log level of oxccl's binaries",
     },
     Var {
+        name: "OXCCL_FAULT_TRIALS",
+        kind: Kind::Count {
+            min: 1,
+            max: 1_000_000,
+        },
+        what: "trials of the long fault harness (testing)",
+    },
+    Var {
         name: "OXCCL_FUZZ_ITERS",
         kind: Kind::Count {
             min: 0,

@@ -249,6 +249,7 @@ pub fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
         v.put_blob(a);
     }
     v.put_str(&p.rescue.map(|a| a.to_string()).unwrap_or_default());
+    v.put_u8(p.hosts_root as u8);
 }
 
 /// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB).
@@ -269,6 +270,11 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
                 .map_err(|_| Error::Protocol(format!("rank {rank}: bad rescue address {t:?}")))?,
         ),
     };
+    let hosts_root = match r.u8()? {
+        0 => false,
+        1 => true,
+        b => return Err(Error::Protocol(format!("rank {rank}: bad root flag {b}"))),
+    };
     Ok(PeerInfo {
         rank,
         hostname,
@@ -276,6 +282,7 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
         pid,
         addrs,
         rescue,
+        hosts_root,
     })
 }
 
@@ -314,6 +321,8 @@ pub struct RootWatch {
     changed: std::sync::Condvar,
     /// Set when setup failed and the root told every rank why (or gave up).
     setup_failed: std::sync::Mutex<bool>,
+    /// Set once the first failure has been sent to every rank.
+    relayed: std::sync::Mutex<bool>,
 }
 
 impl RootWatch {
@@ -322,6 +331,28 @@ impl RootWatch {
         if f.is_none() {
             *f = Some(n.clone());
             self.changed.notify_all();
+        }
+    }
+
+    fn relay_done(&self) {
+        *self.relayed.lock().unwrap() = true;
+        self.changed.notify_all();
+    }
+
+    /// For the process hosting the root, on its own failure: wait, at
+    /// most `wait`, until the root has sent the job's first failure to
+    /// every rank. The process is likely to exit next, and the root with
+    /// it; the relay must be out first, or the survivors blame whichever
+    /// peer's link closed last.
+    pub fn wait_relayed(&self, wait: Duration) {
+        let until = crate::config::value::deadline_after(wait);
+        let mut done = self.relayed.lock().unwrap();
+        while !*done {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            done = self.changed.wait_timeout(done, left).unwrap().0;
         }
     }
 
@@ -923,6 +954,7 @@ fn coordinate(
                                 }
                             }
                         }
+                        watch.relay_done();
                     }
                     continue;
                 }
@@ -1056,6 +1088,7 @@ fn coordinate(
                 }
             }
         }
+        watch.relay_done();
     }
 }
 

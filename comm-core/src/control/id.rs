@@ -65,8 +65,21 @@ impl UniqueId {
     }
 
     /// The root's watch, when this process hosts the root.
-    pub fn hosted_root(&self) -> Option<&bootstrap::RootWatch> {
-        self.hosted.as_deref()
+    pub fn hosted_root(&self) -> Option<&std::sync::Arc<bootstrap::RootWatch>> {
+        self.hosted.as_ref()
+    }
+
+    /// An id for a root this process started itself (`shrink`'s leader).
+    pub(crate) fn hosting(
+        root: SocketAddr,
+        secret: Secret,
+        watch: std::sync::Arc<bootstrap::RootWatch>,
+    ) -> UniqueId {
+        UniqueId {
+            root,
+            secret,
+            hosted: Some(watch),
+        }
     }
 
     /// Like [`UniqueId::with_config`], also returning a watch on the root

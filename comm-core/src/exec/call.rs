@@ -70,7 +70,27 @@ impl CallCtx<'_> {
         )
     }
 
+    /// The root is gone and the call made no progress since: when the
+    /// root lived in a rank's process and that process is gone, that rank
+    /// died (and took the root along); otherwise say the root is gone.
     pub(super) fn root_gone(&self) -> Error {
+        let me = &self.peers[self.rank];
+        let host = self
+            .peers
+            .iter()
+            .find(|p| p.hosts_root && p.rank != self.rank)
+            .filter(|p| super::failure::process_alive(me, p) == Some(false));
+        if let Some(h) = host {
+            return super::failure::peer_lost(
+                h.rank,
+                self.peers,
+                &self.during.to_string(),
+                format!(
+                    "its process is gone, and the root it hosted with it (this call made no progress for {} s since)",
+                    super::ORPHAN_IDLE.as_secs()
+                ),
+            );
+        }
         Error::Bootstrap(format!(
             "lost the connection to the rendezvous root during {}, and the call made no progress for {} s since (the launcher or the rank hosting the root ended; failures of other ranks can no longer be detected or relayed)",
             self.during,

@@ -174,13 +174,37 @@ pub(crate) fn stall_error(
         s.abort(&report);
     }
     let until = Instant::now() + STALL_VERDICT_WAIT;
+    let mut root_gone = false;
     while Instant::now() < until {
         match control.poll() {
             Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
-            Some(ControlEvent::RootGone) => break,
+            Some(ControlEvent::RootGone) => {
+                root_gone = true;
+                break;
+            }
             Some(ControlEvent::Released(_)) | None => {}
         }
         poll_one(control.fd(), libc::POLLIN, 50);
+    }
+    // No verdict from a root that is still connected: when the root lives
+    // in another rank's process, that rank is stopped or hung (it would
+    // have answered otherwise) — and every survivor reaches this same
+    // conclusion, where naming its own neighbour would not agree.
+    if !root_gone && !control.is_gone() {
+        if let Some(host) = peers.iter().find(|p| p.hosts_root && p.rank != me) {
+            return Error::Timeout {
+                during: during.to_string(),
+                waiting_for: format!(
+                    "{waiting_for}; the root, in rank {}'s process, gave no verdict within {:.1} s, so rank {} itself is stopped or hung",
+                    host.rank,
+                    STALL_VERDICT_WAIT.as_secs_f64(),
+                    host.rank
+                ),
+                after,
+                rank: Some(host.rank),
+                world_rank: Some(host.rank),
+            };
+        }
     }
     Error::Timeout {
         during: during.to_string(),
@@ -221,17 +245,35 @@ pub(crate) fn closed_link(
         Some(true) => (0..peers.len())
             .filter(|r| *r != me && *r != peer)
             .find(|r| alive(*r) == Some(false)),
-        _ => None,
+        // The peer is gone too. If the rank whose process hosted the root
+        // is gone as well, with no notice relayed, it died first: a rank
+        // hosting the root that fails for another reason waits for the
+        // root to relay that reason before it may exit, and the peer
+        // probably failed because of its death (then exited, its root
+        // gone, with nobody to tell).
+        Some(false) => peers
+            .iter()
+            .find(|p| p.hosts_root && p.rank != me && p.rank != peer)
+            .map(|p| p.rank)
+            .filter(|h| alive(*h) == Some(false)),
+        None => None,
     };
     match dead {
         Some(d) => peer_lost(
             d,
             peers,
             during,
-            format!(
-                "its process is gone (rank {peer} closed its connection to this rank, but rank {peer}'s \
-                 process is alive: it failed because of this one)"
-            ),
+            if alive(peer) == Some(true) {
+                format!(
+                    "its process is gone (rank {peer} closed its connection to this rank, but rank {peer}'s \
+                     process is alive: it failed because of this one)"
+                )
+            } else {
+                format!(
+                    "its process is gone, and the root it hosted with it, without a word (rank {peer}, \
+                     whose connection to this rank closed, is gone too: it failed because of this one)"
+                )
+            },
         ),
         None => peer_lost(peer, peers, during, detail),
     }

@@ -233,6 +233,9 @@ pub struct PeerInfo {
     /// Where this rank would host the root of a communicator shrunk from
     /// this one, were it the lowest surviving rank (`Communicator::shrink`).
     pub rescue: Option<std::net::SocketAddr>,
+    /// This rank's process hosts the communicator's root (rank 0 under
+    /// `OXCCL_ROOT`): when the root goes silent, this rank is why.
+    pub hosts_root: bool,
 }
 
 /// Chooses, for one peer, which transport of the set serves it.
