@@ -4,22 +4,15 @@
 //! fails at once naming the setting and the ranks, instead of waiting out
 //! the timeout).
 
+mod common;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 const SELFTEST: &str = env!("CARGO_BIN_EXE_oxccl-selftest");
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// One rank (`selftest init`) under a launcher environment plus `env`.
 fn one_rank(env: &[(&str, &str)]) -> (Output, Duration) {
-    let root = format!("127.0.0.1:{}", free_port());
+    let root = format!("127.0.0.1:{}", common::free_port());
     let mut cmd = Command::new(SELFTEST);
     cmd.arg("init")
         .env_clear()
@@ -105,7 +98,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
 
 #[test]
 fn an_unreachable_root_fails_after_the_connect_deadline_naming_it() {
-    let port = free_port(); // nobody listens there now
+    let port = common::free_port(); // nobody listens there now
     let id = format!("oxccl1:{}@127.0.0.1:{port}", "ab".repeat(16));
     let t = Instant::now();
     let out = Command::new(SELFTEST)
@@ -136,7 +129,7 @@ fn ranks_with_one_different(
     odd: usize,
     extra: &[(&str, &str)],
 ) -> Vec<(bool, String, Duration)> {
-    let root = format!("127.0.0.1:{}", free_port());
+    let root = format!("127.0.0.1:{}", common::free_port());
     let t = Instant::now();
     let kids: Vec<_> = (0..n)
         .map(|r| {

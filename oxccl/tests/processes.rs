@@ -62,17 +62,9 @@ fn oxrun_rejects_bad_usage() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing PROGRAM"));
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn torchrun_style_environment() {
-    let port = free_port();
+    let port = common::free_port();
     let kids: Vec<Child> = (0..3)
         .map(|r| {
             Command::new(SELFTEST)
@@ -164,7 +156,7 @@ fn shrink_after_sigkill(transport: &str, root_on_rank0: bool) {
         let mut kids = if root_on_rank0 {
             // Started as torchrun starts ranks: rank 0 hosts the root, so
             // killing it kills the old communicator's root too.
-            let port = free_port().to_string();
+            let port = common::free_port().to_string();
             (0..n)
                 .map(|r| {
                     Command::new(SELFTEST)

@@ -345,8 +345,13 @@ impl RootWatch {
     /// it; the relay must be out first, or the survivors blame whichever
     /// peer's link closed last.
     pub fn wait_relayed(&self, wait: Duration) {
+        self.wait_for(&self.relayed, wait);
+    }
+
+    /// Wait until `flag` is set or `wait` passes.
+    fn wait_for(&self, flag: &std::sync::Mutex<bool>, wait: Duration) {
         let until = crate::config::value::deadline_after(wait);
-        let mut done = self.relayed.lock().unwrap();
+        let mut done = flag.lock().unwrap();
         while !*done {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -366,15 +371,7 @@ impl RootWatch {
     /// other ranks why — exiting at once would take the root along and
     /// leave them to time out reaching it.
     pub fn wait_setup_failure_told(&self, wait: Duration) {
-        let until = crate::config::value::deadline_after(wait);
-        let mut done = self.setup_failed.lock().unwrap();
-        while !*done {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            done = self.changed.wait_timeout(done, left).unwrap().0;
-        }
+        self.wait_for(&self.setup_failed, wait);
     }
 
     /// The first failure relayed, waiting up to `wait` for one.

@@ -326,20 +326,23 @@ mod tests {
         (c, s)
     }
 
+    /// The server side for communicator 7, admitting rank 1 only.
+    fn rank_one_only(s: &mut TcpStream, secret: &Secret) -> Result<Hello> {
+        server(s, secret, 7, |h| {
+            if h.from == 1 {
+                Ok(())
+            } else {
+                Err(Error::Handshake("rank".into()))
+            }
+        })
+    }
+
     #[test]
     fn matching_secrets_shake_hands() {
         let secret = Secret::random().unwrap();
         let (mut c, mut s) = pair();
         let h = Hello::new(Purpose::Tcp, 7, 1, 0, 2, 0).unwrap();
-        let t = std::thread::spawn(move || {
-            server(&mut s, &secret, 7, |h| {
-                if h.from == 1 {
-                    Ok(())
-                } else {
-                    Err(Error::Handshake("rank".into()))
-                }
-            })
-        });
+        let t = std::thread::spawn(move || rank_one_only(&mut s, &secret));
         client(&mut c, &secret, &h).unwrap();
         assert_eq!(t.join().unwrap().unwrap(), h);
     }
@@ -360,15 +363,7 @@ mod tests {
             let (mut c, mut s) = pair();
             let h = Hello::new(Purpose::Tcp, comm_id, from, 0, 2, 0).unwrap();
             let secret = Secret([1; 16]);
-            let t = std::thread::spawn(move || {
-                server(&mut s, &secret, 7, |h| {
-                    if h.from == 1 {
-                        Ok(())
-                    } else {
-                        Err(Error::Handshake("rank".into()))
-                    }
-                })
-            });
+            let t = std::thread::spawn(move || rank_one_only(&mut s, &secret));
             let e = client(&mut c, &secret, &h).unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
             assert!(t.join().unwrap().is_err());

@@ -111,3 +111,12 @@ pub fn wait_running(
     }
     readers
 }
+
+/// A local port nobody listens on (at the moment of asking).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
