@@ -108,49 +108,6 @@ fn pump(
 /// rank has failed (the notice usually precedes the exit).
 const CAUSE_WAIT: Duration = Duration::from_millis(500);
 
-/// The rank a relayed failure blames, if it names one.
-fn culprit_of(n: &Notice) -> Option<usize> {
-    match n {
-        Notice::Lost { rank, .. } | Notice::Stalled { rank, .. } => Some(*rank),
-        Notice::Failed { origin, .. } | Notice::Timeout { origin, .. } => Some(*origin),
-        Notice::Mismatch { .. } => None,
-        Notice::Cycle { ranks, .. } | Notice::Absent { ranks, .. } => ranks.first().copied(),
-    }
-}
-
-/// A relayed failure in one line, for the launcher's report.
-fn describe_notice(n: &Notice) -> String {
-    match n {
-        Notice::Lost { rank, detail } => format!("first failure: rank {rank} was lost ({detail})"),
-        Notice::Failed {
-            origin,
-            aborted: true,
-            ..
-        } => format!("first failure: rank {origin} aborted the communicator"),
-        Notice::Failed {
-            origin, message, ..
-        } => format!("first failure: rank {origin} failed: {message}"),
-        Notice::Mismatch {
-            a,
-            a_call,
-            b,
-            b_call,
-        } => format!("first failure: mismatched calls, rank {a} called {a_call} while rank {b} called {b_call}"),
-        Notice::Stalled { detail, .. } => format!("first failure: {detail}"),
-        Notice::Cycle { ranks, .. } => {
-            format!("first failure: ranks {ranks:?} wait for each other in a cycle")
-        }
-        Notice::Absent { ranks, detail, .. } => {
-            format!("first failure: ranks {ranks:?} did not arrive at {detail}")
-        }
-        Notice::Timeout {
-            origin,
-            waiting_for,
-            ..
-        } => format!("first failure: rank {origin} timed out waiting for {waiting_for}"),
-    }
-}
-
 /// Make the child die (SIGKILL) when this launcher dies, however it dies:
 /// without it a SIGKILLed launcher leaves every rank running, orphaned.
 /// The signal follows the *thread* that spawned the child, and `run`
@@ -299,7 +256,7 @@ pub fn run(l: &Launch) -> i32 {
             // reaction end within milliseconds): the root this process
             // hosts relayed the job's first failure, ask it.
             let cause = watch.first_failure(CAUSE_WAIT);
-            let culprit = cause.as_ref().and_then(culprit_of);
+            let culprit = cause.as_ref().and_then(Notice::culprit);
             // The culprit itself may still be on its way out (the others
             // reacted faster): give it a moment, so its exit status is the
             // launch's, before signalling anyone.
@@ -329,8 +286,7 @@ pub fn run(l: &Launch) -> i32 {
             let (rank, pid, status) = failed[0];
             match &cause {
                 Some(n) => eprintln!(
-                    "oxrun: {}; rank {rank} (pid {pid}) {}; stopping the other ranks",
-                    describe_notice(n),
+                    "oxrun: first failure: {n}; rank {rank} (pid {pid}) {}; stopping the other ranks",
                     describe(status)
                 ),
                 None => eprintln!(

@@ -95,6 +95,56 @@ pub enum Notice {
     },
 }
 
+impl Notice {
+    /// The rank this failure blames, if it names one.
+    pub fn culprit(&self) -> Option<usize> {
+        match self {
+            Notice::Lost { rank, .. } | Notice::Stalled { rank, .. } => Some(*rank),
+            Notice::Failed { origin, .. } | Notice::Timeout { origin, .. } => Some(*origin),
+            Notice::Mismatch { .. } => None,
+            Notice::Cycle { ranks, .. } | Notice::Absent { ranks, .. } => ranks.first().copied(),
+        }
+    }
+}
+
+/// One line, as a launcher reports the job's first failure.
+impl std::fmt::Display for Notice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Notice::Lost { rank, detail } => write!(f, "rank {rank} was lost ({detail})"),
+            Notice::Failed {
+                origin,
+                aborted: true,
+                ..
+            } => write!(f, "rank {origin} aborted the communicator"),
+            Notice::Failed {
+                origin, message, ..
+            } => write!(f, "rank {origin} failed: {message}"),
+            Notice::Mismatch {
+                a,
+                a_call,
+                b,
+                b_call,
+            } => write!(
+                f,
+                "mismatched calls, rank {a} called {a_call} while rank {b} called {b_call}"
+            ),
+            Notice::Stalled { detail, .. } => f.write_str(detail),
+            Notice::Cycle { ranks, .. } => {
+                write!(f, "ranks {ranks:?} wait for each other in a cycle")
+            }
+            Notice::Absent { ranks, detail, .. } => {
+                write!(f, "ranks {ranks:?} did not arrive at {detail}")
+            }
+            Notice::Timeout {
+                origin,
+                waiting_for,
+                ..
+            } => write!(f, "rank {origin} timed out waiting for {waiting_for}"),
+        }
+    }
+}
+
 /// Longest text a notice carries (bounds the decoder).
 const NOTICE_TEXT: usize = 4096;
 
@@ -317,26 +367,57 @@ pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
 /// within milliseconds).
 #[derive(Debug, Default)]
 pub struct RootWatch {
-    first: std::sync::Mutex<Option<Notice>>,
+    state: std::sync::Mutex<WatchState>,
     changed: std::sync::Condvar,
-    /// Set when setup failed and the root told every rank why (or gave up).
-    setup_failed: std::sync::Mutex<bool>,
-    /// Set once the first failure has been sent to every rank.
-    relayed: std::sync::Mutex<bool>,
+}
+
+#[derive(Debug, Default)]
+struct WatchState {
+    /// The first failure relayed.
+    first: Option<Notice>,
+    /// The first failure has been sent to every rank.
+    relayed: bool,
+    /// Setup failed and the root told every rank why (or gave up).
+    setup_failed: bool,
 }
 
 impl RootWatch {
-    fn record(&self, n: &Notice) {
-        let mut f = self.first.lock().unwrap();
-        if f.is_none() {
-            *f = Some(n.clone());
-            self.changed.notify_all();
+    fn update(&self, f: impl FnOnce(&mut WatchState)) {
+        f(&mut self.state.lock().unwrap());
+        self.changed.notify_all();
+    }
+
+    /// Wait until `done` holds or `wait` passes; the state then.
+    fn wait_until<R>(
+        &self,
+        wait: Duration,
+        done: impl Fn(&WatchState) -> bool,
+        read: impl FnOnce(&WatchState) -> R,
+    ) -> R {
+        let until = crate::config::value::deadline_after(wait);
+        let mut st = self.state.lock().unwrap();
+        while !done(&st) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            st = self.changed.wait_timeout(st, left).unwrap().0;
         }
+        read(&st)
+    }
+
+    fn record(&self, n: &Notice) {
+        self.update(|st| {
+            st.first.get_or_insert_with(|| n.clone());
+        });
     }
 
     fn relay_done(&self) {
-        *self.relayed.lock().unwrap() = true;
-        self.changed.notify_all();
+        self.update(|st| st.relayed = true);
+    }
+
+    fn setup_over(&self) {
+        self.update(|st| st.setup_failed = true);
     }
 
     /// For the process hosting the root, on its own failure: wait, at
@@ -345,25 +426,7 @@ impl RootWatch {
     /// it; the relay must be out first, or the survivors blame whichever
     /// peer's link closed last.
     pub fn wait_relayed(&self, wait: Duration) {
-        self.wait_for(&self.relayed, wait);
-    }
-
-    /// Wait until `flag` is set or `wait` passes.
-    fn wait_for(&self, flag: &std::sync::Mutex<bool>, wait: Duration) {
-        let until = crate::config::value::deadline_after(wait);
-        let mut done = flag.lock().unwrap();
-        while !*done {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return;
-            }
-            done = self.changed.wait_timeout(done, left).unwrap().0;
-        }
-    }
-
-    fn setup_over(&self) {
-        *self.setup_failed.lock().unwrap() = true;
-        self.changed.notify_all();
+        self.wait_until(wait, |st| st.relayed, |_| ());
     }
 
     /// For the process hosting the root (rank 0 under `OXCCL_ROOT`) whose
@@ -371,21 +434,12 @@ impl RootWatch {
     /// other ranks why — exiting at once would take the root along and
     /// leave them to time out reaching it.
     pub fn wait_setup_failure_told(&self, wait: Duration) {
-        self.wait_for(&self.setup_failed, wait);
+        self.wait_until(wait, |st| st.setup_failed, |_| ());
     }
 
     /// The first failure relayed, waiting up to `wait` for one.
     pub fn first_failure(&self, wait: Duration) -> Option<Notice> {
-        let until = crate::config::value::deadline_after(wait);
-        let mut f = self.first.lock().unwrap();
-        while f.is_none() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            f = self.changed.wait_timeout(f, left).unwrap().0;
-        }
-        f.clone()
+        self.wait_until(wait, |st| st.first.is_some(), |st| st.first.clone())
     }
 }
 
@@ -508,13 +562,9 @@ pub fn settings_differ(a: (usize, &Settings), b: (usize, &Settings)) -> Option<S
             |(_, v)| v.clone(),
         )
     };
-    let mut names: Vec<&str> =
-        a.1.iter()
-            .chain(b.1.iter())
-            .map(|(n, _)| n.as_str())
-            .collect();
-    names.dedup();
-    names.into_iter().find_map(|name| {
+    // Every name either side sent (a name both sent is compared twice,
+    // harmlessly: the first difference is what is reported).
+    a.1.iter().chain(b.1.iter()).map(|(n, _)| n.as_str()).find_map(|name| {
         let (va, vb) = (value(a.1, name), value(b.1, name));
         (va != vb).then(|| {
             format!(
@@ -1364,13 +1414,13 @@ pub(crate) enum ControlEvent {
 }
 
 impl Control {
-    /// The fd to poll for notices; -1 (ignored by poll) once the root is gone.
     /// Whether the root is gone (its connection ended): no failure will be
     /// relayed to this rank any more.
     pub(crate) fn is_gone(&self) -> bool {
         self.gone
     }
 
+    /// The fd to poll for notices; -1 (ignored by poll) once the root is gone.
     pub(crate) fn fd(&self) -> RawFd {
         if self.gone {
             -1

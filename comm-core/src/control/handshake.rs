@@ -31,6 +31,8 @@ const REFUSED_OTHER_JOB: u8 = 1;
 /// Refusal: right communicator, but not a connection the server takes
 /// (wrong purpose or rank, or its setup is over).
 const REFUSED_UNEXPECTED: u8 = 2;
+/// How every refusal's error text starts (see [`is_refusal`]).
+const REFUSED: &str = "refused by the server";
 /// Size of the hello message on the wire.
 pub const HELLO_LEN: usize = 64;
 
@@ -214,7 +216,7 @@ fn io_err(step: &str, e: std::io::Error) -> Error {
 /// Whether a client-side error is the server's refusal (final: retrying
 /// cannot help) rather than a connection that broke.
 pub fn is_refusal(e: &Error) -> bool {
-    matches!(e, Error::Handshake(m) if m.starts_with("refused by the server"))
+    matches!(e, Error::Handshake(m) if m.starts_with(REFUSED))
 }
 
 /// Run the client side; `Ok` means the server proved the secret and
@@ -226,13 +228,11 @@ pub fn client(s: &mut (impl Read + Write), secret: &Secret, hello: &Hello) -> Re
     s.read_exact(&mut ch)
         .map_err(|e| io_err("reading challenge (wrong secret or communicator?)", e))?;
     if &ch[..8] == REFUSE_MAGIC {
-        return Err(Error::Handshake(
-            match ch[8] {
-                REFUSED_OTHER_JOB => "refused by the server: it serves another communicator (a different OXCCL_SECRET or unique id, a different world size (OXCCL_WORLD_SIZE) under an address rendezvous, or another job at this address)",
-                _ => "refused by the server: it does not expect this connection (wrong rank or purpose, or its setup is over)",
-            }
-            .into(),
-        ));
+        let why = match ch[8] {
+            REFUSED_OTHER_JOB => "it serves another communicator (a different OXCCL_SECRET or unique id, a different world size (OXCCL_WORLD_SIZE) under an address rendezvous, or another job at this address)",
+            _ => "it does not expect this connection (wrong rank or purpose, or its setup is over)",
+        };
+        return Err(Error::Handshake(format!("{REFUSED}: {why}")));
     }
     if &ch[..8] != CHALLENGE_MAGIC {
         return Err(Error::Handshake("server sent a malformed challenge".into()));

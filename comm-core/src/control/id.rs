@@ -86,8 +86,7 @@ impl UniqueId {
     /// this process hosts: a launcher learns the job's first failure from
     /// it (see [`bootstrap::RootWatch`]).
     pub fn watched(cfg: &Config) -> Result<(UniqueId, std::sync::Arc<bootstrap::RootWatch>)> {
-        let ip = net::pick_address(cfg.socket_ifname.as_deref())?;
-        let id = UniqueId::serve(SocketAddr::new(ip, 0), Secret::random()?, cfg.timeout)?;
+        let id = UniqueId::with_config(cfg)?;
         let watch = id.hosted.clone().expect("a served id hosts its root");
         Ok((id, watch))
     }

@@ -75,10 +75,7 @@ impl CallCtx<'_> {
     /// died (and took the root along); otherwise say the root is gone.
     pub(super) fn root_gone(&self) -> Error {
         let me = &self.peers[self.rank];
-        let host = self
-            .peers
-            .iter()
-            .find(|p| p.hosts_root && p.rank != self.rank)
+        let host = super::failure::root_host(self.peers, self.rank)
             .filter(|p| super::failure::process_alive(me, p) == Some(false));
         if let Some(h) = host {
             return super::failure::peer_lost(

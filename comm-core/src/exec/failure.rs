@@ -174,14 +174,10 @@ pub(crate) fn stall_error(
         s.abort(&report);
     }
     let until = Instant::now() + STALL_VERDICT_WAIT;
-    let mut root_gone = false;
     while Instant::now() < until {
         match control.poll() {
             Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
-            Some(ControlEvent::RootGone) => {
-                root_gone = true;
-                break;
-            }
+            Some(ControlEvent::RootGone) => break,
             Some(ControlEvent::Released(_)) | None => {}
         }
         poll_one(control.fd(), libc::POLLIN, 50);
@@ -190,8 +186,8 @@ pub(crate) fn stall_error(
     // in another rank's process, that rank is stopped or hung (it would
     // have answered otherwise) — and every survivor reaches this same
     // conclusion, where naming its own neighbour would not agree.
-    if !root_gone && !control.is_gone() {
-        if let Some(host) = peers.iter().find(|p| p.hosts_root && p.rank != me) {
+    if !control.is_gone() {
+        if let Some(host) = root_host(peers, me) {
             return Error::Timeout {
                 during: during.to_string(),
                 waiting_for: format!(
@@ -213,6 +209,12 @@ pub(crate) fn stall_error(
         rank: waits_on,
         world_rank: waits_on,
     }
+}
+
+/// The peer (not `me`) whose process hosts the root, if a rank does (rank
+/// 0 under `OXCCL_ROOT`; none under a launcher).
+pub(crate) fn root_host(peers: &[PeerInfo], me: usize) -> Option<&PeerInfo> {
+    peers.iter().find(|p| p.hosts_root && p.rank != me)
 }
 
 /// `PeerLost` naming `rank`, with its host and pid from the peer table.
@@ -251,11 +253,9 @@ pub(crate) fn closed_link(
         // root to relay that reason before it may exit, and the peer
         // probably failed because of its death (then exited, its root
         // gone, with nobody to tell).
-        Some(false) => peers
-            .iter()
-            .find(|p| p.hosts_root && p.rank != me && p.rank != peer)
+        Some(false) => root_host(peers, me)
             .map(|p| p.rank)
-            .filter(|h| alive(*h) == Some(false)),
+            .filter(|h| *h != peer && alive(*h) == Some(false)),
         None => None,
     };
     match dead {
