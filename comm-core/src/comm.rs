@@ -13,6 +13,8 @@
 use crate::bootstrap::{self, Control, ControlSender};
 use crate::call::Fingerprint;
 use crate::config::Config;
+use crate::control::failure;
+use crate::control::notice::Notice;
 use crate::error::{Error, Result};
 use crate::executor::{self, CallCtx, DirectCtx, Net, SyncFlags};
 use crate::handshake::Secret;
@@ -572,9 +574,8 @@ impl Communicator {
             0 => "the time before the first collective".to_string(),
             s => format!("the time after collective #{}", s - 1),
         };
-        let e =
-            executor::notice_to_error(n, self.inner.rank, &self.inner.peers, &between, &between)
-                .in_world(&self.inner.world, &self.inner.peers);
+        let e = failure::notice_to_error(n, self.inner.rank, &self.inner.peers, &between, &between)
+            .in_world(&self.inner.world, &self.inner.peers);
         st.net.close_all();
         drop(st);
         self.inner.set_poison(e.clone());
@@ -849,7 +850,7 @@ impl Inner {
         tracing::info!(rank = self.rank, "oxccl communicator failed: {e}");
         *p = Some(e.clone());
         drop(p);
-        if let Some(n) = executor::notice_for(self.rank, &e) {
+        if let Some(n) = failure::notice_for(self.rank, &e) {
             self.sender.lock().unwrap().abort(&n);
         }
         if let Some(w) = &self.hosted_root {
@@ -872,7 +873,7 @@ impl Inner {
 
     /// A failure notice that arrived on the control connection, if the
     /// connection is free to read (a running call reads it itself).
-    pub(crate) fn control_notice(&self) -> Option<bootstrap::Notice> {
+    pub(crate) fn control_notice(&self) -> Option<Notice> {
         let mut st = self.state.try_lock().ok()?;
         match st.control.poll() {
             Some(bootstrap::ControlEvent::Notice(n)) => Some(n),
@@ -973,7 +974,7 @@ impl Inner {
             if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
                 // Described as the peers know this call (with its buffers).
                 let own = executor::describe_own(&fp, seq, direct.as_ref());
-                return Err(executor::notice_to_error(
+                return Err(failure::notice_to_error(
                     n,
                     self.rank,
                     &self.peers,
@@ -1022,7 +1023,7 @@ impl Inner {
             match st.control.poll() {
                 Some(bootstrap::ControlEvent::Released(n)) if n == number => return Ok(()),
                 Some(bootstrap::ControlEvent::Notice(n)) => {
-                    return Err(executor::notice_to_error(
+                    return Err(failure::notice_to_error(
                         n,
                         self.rank,
                         &self.peers,

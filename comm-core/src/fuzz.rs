@@ -4,11 +4,35 @@
 //! are capped before anything is allocated). Used by the `cargo fuzz`
 //! targets in `fuzz/` and by the corpus-replay test that CI runs on stable.
 
-use crate::bootstrap;
+use crate::control::message;
 use crate::executor::{WireHeader, HEADER_LEN};
 use crate::handshake::Hello;
 use crate::id::UniqueId;
 use crate::wire::{self, Reader};
+
+/// A small deterministic random source (xorshift64) for fuzz mutations and
+/// random-interaction tests: the same seed replays the same run.
+#[derive(Clone, Debug)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// Uniform-ish in `0..n` (`0` when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+
+    /// True with probability `percent` / 100.
+    pub fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+}
 
 /// The decoders, by name (also the fuzz target and corpus folder names).
 pub const TARGETS: [&str; 7] = [
@@ -55,17 +79,17 @@ pub fn hello(data: &[u8]) {
 /// A rank's registration at the root.
 pub fn registration(data: &[u8]) {
     let from = data.first().copied().unwrap_or(0) as usize;
-    let _ = bootstrap::parse_registration(data, from);
+    let _ = message::parse_registration(data, from);
 }
 
 /// The peer table the root sends (after its type byte).
 pub fn peer_table(data: &[u8]) {
-    let _ = bootstrap::decode_table(&mut Reader::new(data, "fuzz table"));
+    let _ = message::decode_table(&mut Reader::new(data, "fuzz table"));
 }
 
 /// Everything a rank reads on its control connection.
 pub fn control_stream(data: &[u8]) {
-    let _ = bootstrap::parse_control_stream(data);
+    let _ = message::parse_control_stream(data);
 }
 
 /// A data message header.
@@ -82,8 +106,9 @@ pub fn frame(mut data: &[u8]) {
 
 /// Valid (and a few famous-bad) inputs per target: the seed corpus.
 pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
-    use crate::bootstrap::{encode_info, Notice};
     use crate::call::{Fingerprint, Kind};
+    use crate::control::message::encode_info;
+    use crate::control::notice::Notice;
     use crate::handshake::{Purpose, Secret, ROOT};
     use crate::transport::PeerInfo;
     use crate::types::{DataType, ReduceOp};
@@ -125,7 +150,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let mut reg = vec![1u8];
     reg.put_u32(4);
     encode_info(&mut reg, &info);
-    bootstrap::encode_settings(&mut reg, &crate::Config::default().agreement());
+    message::encode_settings(&mut reg, &crate::Config::default().agreement());
     out.push(("registration", "rank2".into(), reg));
     let mut table = Vec::new();
     table.put_u32(2);

@@ -28,9 +28,10 @@
 //! with the cause. An error of the communicator fails the lane's
 //! operations too.
 
-use crate::bootstrap::Notice;
 use crate::call::Fingerprint;
 use crate::comm::Inner;
+use crate::control::failure;
+use crate::control::notice::Notice;
 use crate::error::{Error, Result};
 use crate::exec::header::{self, WireHeader, HEADER_LEN};
 use crate::exec::{self as executor};
@@ -584,7 +585,7 @@ impl Core {
                 return Some(e);
             }
             if let Some(n) = inner.control_notice() {
-                return Some(executor::notice_to_error(
+                return Some(failure::notice_to_error(
                     n,
                     self.me,
                     &inner.peers,
@@ -609,7 +610,7 @@ impl Core {
             }
             _ => format!("{op_name} failed: {e}"),
         };
-        executor::closed_link(self.me, peer, &inner.peers, op_name, detail)
+        failure::closed_link(self.me, peer, &inner.peers, op_name, detail)
     }
 
     /// The head operation (`send`, `peer`) passed its deadline: report it

@@ -6,7 +6,7 @@
 //! whatever a length field says. The same targets run under libFuzzer with
 //! `cargo +nightly fuzz run <target>` in `fuzz/`.
 
-use comm_core::fuzz::{run, TARGETS};
+use comm_core::fuzz::{run, Rng, TARGETS};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,19 +50,6 @@ fn corpus(target: &str) -> Vec<Vec<u8>> {
     v.sort();
     assert!(!v.is_empty(), "empty corpus for {target}");
     v
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n.max(1) as u64) as usize
-    }
 }
 
 fn mutate(r: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {

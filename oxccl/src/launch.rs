@@ -7,7 +7,7 @@
 //! stopped (SIGTERM, then SIGKILL) and the launch returns non-zero.
 
 use crate::{Config, UniqueId};
-use comm_core::bootstrap::Notice;
+use comm_core::control::notice::Notice;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, ExitStatus, Stdio};

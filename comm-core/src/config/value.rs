@@ -15,7 +15,11 @@ pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// `Duration::MAX`, and `Instant + Duration` panics on overflow. Durations
 /// beyond [`MAX_DURATION`] wait that long, which is "forever" in practice.
 pub fn deadline_after(d: Duration) -> Instant {
-    let now = Instant::now();
+    deadline_after_from(Instant::now(), d)
+}
+
+/// [`deadline_after`] counted from `now` (for code that is handed the time).
+pub fn deadline_after_from(now: Instant, d: Duration) -> Instant {
     now.checked_add(d.min(MAX_DURATION)).unwrap_or(now)
 }
 

@@ -1,4 +1,5 @@
-//! Rendezvous through a root, and the control plane that stays up after.
+//! Rendezvous through a root, and the control plane that stays up after:
+//! the root's threads and sockets, and a rank's side of its connection.
 //!
 //! The root (started by `UniqueId::new`, in the launcher or in rank 0's
 //! process) accepts one control connection per rank, checks the handshake,
@@ -7,17 +8,23 @@
 //! fails sends an `Abort` with its cause and the root relays it to all
 //! others; a rank whose connection ends without `Goodbye` (crash, kill) is
 //! announced to all survivors as lost. So every survivor learns *which*
-//! rank failed within milliseconds, whichever transport it used.
+//! rank failed within milliseconds, whichever transport it used. What the
+//! root decides is [`super::root`] (no I/O); this file only feeds it
+//! events and carries out its actions.
 //!
 //! Strangers (wrong secret, other communicator, duplicate rank, garbage,
 //! silence) are rejected and logged; each connection is handled on its own
 //! thread with a read deadline, so none can block the others.
 
+use super::message::{self, FromRank};
+use super::notice::{Notice, MSG_NOTICE};
+use super::root::{Action, ConnId, Event, Reply, Root};
 use crate::error::{Error, Result};
 use crate::handshake::{self, Hello, Purpose, Secret, ROOT};
 use crate::transport::PeerInfo;
-use crate::wire::{self, Put, Reader};
-use crossbeam_channel::{unbounded, Receiver, Sender};
+use crate::wire::{self, Reader};
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -25,338 +32,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const MSG_REGISTER: u8 = 1;
-const MSG_ABORT: u8 = 2;
-const MSG_GOODBYE: u8 = 3;
-/// A rank arrived at monitored barrier `n` (u64) and waits `ms` (u64).
-const MSG_ARRIVE: u8 = 4;
-const MSG_TABLE: u8 = 10;
-const MSG_REJECT: u8 = 11;
-const MSG_NOTICE: u8 = 12;
-/// Every rank arrived at monitored barrier `n` (u64).
-const MSG_RELEASE: u8 = 13;
-
-/// Most ranks one communicator may have (bounds decoder allocations).
+pub(crate) use super::root::LATE_REJECT_WINDOW;
 pub use crate::config::vars::MAX_RANKS;
+
 /// Read deadline for a connection to finish its handshake and registration.
 const DOOR_TIMEOUT: Duration = Duration::from_secs(10);
-/// After a failed setup, how long the root keeps telling late ranks why.
-pub(crate) const LATE_REJECT_WINDOW: Duration = Duration::from_secs(30);
-
-/// Why the job is failing, as relayed between ranks. Structured, so that
-/// every rank reports the same kind of error the detecting rank saw.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Notice {
-    /// `rank` died or dropped its connection without saying goodbye.
-    Lost { rank: usize, detail: String },
-    /// `origin` failed (or aborted) with this message.
-    Failed {
-        origin: usize,
-        aborted: bool,
-        message: String,
-    },
-    /// Rank `a` called `a_call` while rank `b` called `b_call`.
-    Mismatch {
-        a: usize,
-        a_call: String,
-        b: usize,
-        b_call: String,
-    },
-    /// `origin` timed out after `after_ms` waiting for `waiting_for`
-    /// (rank `waits_on`, `u32::MAX` if unknown). Sent to the root, which
-    /// collects them and answers with `Stalled`.
-    Timeout {
-        origin: usize,
-        waiting_for: String,
-        after_ms: u64,
-        waits_on: u32,
-    },
-    /// The root's verdict after timeouts: `rank` is the one everybody
-    /// (directly or through others) was waiting for; the reporters had
-    /// waited `after_ms`.
-    Stalled {
-        rank: usize,
-        detail: String,
-        after_ms: u64,
-    },
-    /// The root's verdict after timeouts: `ranks` wait for each other in a
-    /// cycle (each for the next, the last for the first).
-    Cycle {
-        ranks: Vec<usize>,
-        detail: String,
-        after_ms: u64,
-    },
-    /// `ranks` did not arrive at a monitored barrier within `after_ms` of
-    /// the first arrival (`detail` names the barrier).
-    Absent {
-        ranks: Vec<usize>,
-        detail: String,
-        after_ms: u64,
-    },
-}
-
-impl Notice {
-    /// The rank this failure blames, if it names one.
-    pub fn culprit(&self) -> Option<usize> {
-        match self {
-            Notice::Lost { rank, .. } | Notice::Stalled { rank, .. } => Some(*rank),
-            Notice::Failed { origin, .. } | Notice::Timeout { origin, .. } => Some(*origin),
-            Notice::Mismatch { .. } => None,
-            Notice::Cycle { ranks, .. } | Notice::Absent { ranks, .. } => ranks.first().copied(),
-        }
-    }
-}
-
-/// One line, as a launcher reports the job's first failure.
-impl std::fmt::Display for Notice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Notice::Lost { rank, detail } => write!(f, "rank {rank} was lost ({detail})"),
-            Notice::Failed {
-                origin,
-                aborted: true,
-                ..
-            } => write!(f, "rank {origin} aborted the communicator"),
-            Notice::Failed {
-                origin, message, ..
-            } => write!(f, "rank {origin} failed: {message}"),
-            Notice::Mismatch {
-                a,
-                a_call,
-                b,
-                b_call,
-            } => write!(
-                f,
-                "mismatched calls, rank {a} called {a_call} while rank {b} called {b_call}"
-            ),
-            Notice::Stalled { detail, .. } => f.write_str(detail),
-            Notice::Cycle { ranks, .. } => {
-                write!(f, "ranks {ranks:?} wait for each other in a cycle")
-            }
-            Notice::Absent { ranks, detail, .. } => {
-                write!(f, "ranks {ranks:?} did not arrive at {detail}")
-            }
-            Notice::Timeout {
-                origin,
-                waiting_for,
-                ..
-            } => write!(f, "rank {origin} timed out waiting for {waiting_for}"),
-        }
-    }
-}
-
-/// Longest text a notice carries (bounds the decoder).
-const NOTICE_TEXT: usize = 4096;
-
-impl Notice {
-    /// The notice as one control frame body (type byte included).
-    pub fn encode_frame(&self) -> Vec<u8> {
-        self.encode()
-    }
-
-    fn encode(&self) -> Vec<u8> {
-        let mut v = vec![MSG_NOTICE];
-        match self {
-            Notice::Lost { rank, detail } => {
-                v.put_u8(0);
-                v.put_u32(*rank as u32);
-                v.put_str(detail);
-            }
-            Notice::Failed {
-                origin,
-                aborted,
-                message,
-            } => {
-                v.put_u8(if *aborted { 2 } else { 1 });
-                v.put_u32(*origin as u32);
-                v.put_str(message);
-            }
-            Notice::Mismatch {
-                a,
-                a_call,
-                b,
-                b_call,
-            } => {
-                v.put_u8(3);
-                v.put_u32(*a as u32);
-                v.put_str(a_call);
-                v.put_u32(*b as u32);
-                v.put_str(b_call);
-            }
-            Notice::Timeout {
-                origin,
-                waiting_for,
-                after_ms,
-                waits_on,
-            } => {
-                v.put_u8(4);
-                v.put_u32(*origin as u32);
-                v.put_str(waiting_for);
-                v.put_u64(*after_ms);
-                v.put_u32(*waits_on);
-            }
-            Notice::Stalled {
-                rank,
-                detail,
-                after_ms,
-            } => {
-                v.put_u8(5);
-                v.put_u32(*rank as u32);
-                v.put_str(detail);
-                v.put_u64(*after_ms);
-            }
-            Notice::Cycle {
-                ranks,
-                detail,
-                after_ms,
-            }
-            | Notice::Absent {
-                ranks,
-                detail,
-                after_ms,
-            } => {
-                v.put_u8(if matches!(self, Notice::Cycle { .. }) {
-                    6
-                } else {
-                    7
-                });
-                v.put_u32(ranks.len() as u32);
-                v.put_str(detail);
-                v.put_u64(*after_ms);
-                for r in ranks {
-                    v.put_u32(*r as u32);
-                }
-            }
-        }
-        v
-    }
-
-    /// Decode the body after the message type byte.
-    pub fn decode(r: &mut Reader<'_>) -> Result<Notice> {
-        let kind = r.u8()?;
-        let rank = r.u32()? as usize;
-        let text = r.string(NOTICE_TEXT)?;
-        match kind {
-            0 => Ok(Notice::Lost { rank, detail: text }),
-            1 | 2 => Ok(Notice::Failed {
-                origin: rank,
-                aborted: kind == 2,
-                message: text,
-            }),
-            3 => Ok(Notice::Mismatch {
-                a: rank,
-                a_call: text,
-                b: r.u32()? as usize,
-                b_call: r.string(NOTICE_TEXT)?,
-            }),
-            4 => Ok(Notice::Timeout {
-                origin: rank,
-                waiting_for: text,
-                after_ms: r.u64()?,
-                waits_on: r.u32()?,
-            }),
-            5 => Ok(Notice::Stalled {
-                rank,
-                detail: text,
-                after_ms: r.u64()?,
-            }),
-            6 | 7 => {
-                // `rank` is the number of ranks listed here.
-                if rank == 0 || rank > MAX_RANKS {
-                    return Err(Error::Protocol(format!("a notice listing {rank} ranks")));
-                }
-                let after_ms = r.u64()?;
-                let ranks = (0..rank)
-                    .map(|_| r.u32().map(|x| x as usize))
-                    .collect::<Result<Vec<_>>>()?;
-                let detail = text;
-                Ok(match kind {
-                    6 => Notice::Cycle {
-                        ranks,
-                        detail,
-                        after_ms,
-                    },
-                    _ => Notice::Absent {
-                        ranks,
-                        detail,
-                        after_ms,
-                    },
-                })
-            }
-            k => Err(Error::Protocol(format!("unknown notice kind {k}"))),
-        }
-    }
-}
-
-/// Encode one [`PeerInfo`] (registration and table entries).
-pub fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
-    v.put_u32(p.rank as u32);
-    v.put_str(&p.hostname);
-    v.put_u64(p.host_id);
-    v.put_u32(p.pid);
-    v.put_u8(p.addrs.len() as u8);
-    for a in &p.addrs {
-        v.put_blob(a);
-    }
-    v.put_str(&p.rescue.map(|a| a.to_string()).unwrap_or_default());
-    v.put_u8(p.hosts_root as u8);
-}
-
-/// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB).
-pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
-    let rank = r.u32()? as usize;
-    let hostname = r.string(255)?;
-    let host_id = r.u64()?;
-    let pid = r.u32()?;
-    let n = r.u8()? as usize;
-    let mut addrs = Vec::with_capacity(n);
-    for _ in 0..n {
-        addrs.push(r.blob(4096)?.to_vec());
-    }
-    let rescue = match r.string(64)? {
-        t if t.is_empty() => None,
-        t => Some(
-            t.parse()
-                .map_err(|_| Error::Protocol(format!("rank {rank}: bad rescue address {t:?}")))?,
-        ),
-    };
-    let hosts_root = match r.u8()? {
-        0 => false,
-        1 => true,
-        b => return Err(Error::Protocol(format!("rank {rank}: bad root flag {b}"))),
-    };
-    Ok(PeerInfo {
-        rank,
-        hostname,
-        host_id,
-        pid,
-        addrs,
-        rescue,
-        hosts_root,
-    })
-}
-
-/// Decode a table message body (after the type byte).
-pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {
-    let n = r.u32()? as usize;
-    if n == 0 || n > MAX_RANKS {
-        return Err(Error::Protocol(format!("peer table with {n} ranks")));
-    }
-    // Grow as entries actually decode: `n` is only a claim.
-    let mut v = Vec::with_capacity(n.min(64));
-    for i in 0..n {
-        let p = decode_info(r)?;
-        if p.rank != i {
-            return Err(Error::Protocol(format!(
-                "peer table entry {i} claims rank {}",
-                p.rank
-            )));
-        }
-        v.push(p);
-    }
-    r.finish()?;
-    Ok(v)
-}
 
 // ---------------------------------------------------------------- root ----
 
@@ -443,44 +123,11 @@ impl RootWatch {
     }
 }
 
-/// What a connection thread reports; `conn` numbers connections so
-/// events of a rejected duplicate are never taken for the real rank's.
-enum Event {
-    Registered {
-        conn: u64,
-        rank: usize,
-        nranks: usize,
-        info: PeerInfo,
-        settings: Settings,
-        stream: TcpStream,
-    },
-    Abort {
-        conn: u64,
-        rank: usize,
-        notice: Notice,
-    },
-    Goodbye {
-        conn: u64,
-        rank: usize,
-    },
-    /// Arrived at monitored barrier `barrier`, waiting `wait`.
-    Arrive {
-        conn: u64,
-        rank: usize,
-        barrier: u64,
-        wait: Duration,
-    },
-    Eof {
-        conn: u64,
-        rank: usize,
-    },
-    /// A connection claiming `rank` of `nranks` failed the handshake for
-    /// another communicator (a different secret or unique id).
-    Refused {
-        rank: usize,
-        nranks: usize,
-        from: SocketAddr,
-    },
+/// A connection thread's report, with the connection's write half when it
+/// registered (the root answers on it).
+struct Incoming {
+    event: Event,
+    stream: Option<TcpStream>,
 }
 
 /// Start the root on `listener`. It runs on its own threads until every
@@ -495,7 +142,7 @@ pub(crate) fn spawn_root(
         .set_nonblocking(true)
         .map_err(|e| Error::Bootstrap(format!("root listener: {e}")))?;
     let stop = Arc::new(AtomicBool::new(false));
-    let (tx, rx) = unbounded();
+    let (tx, rx) = unbounded::<Incoming>();
     let stop2 = stop.clone();
     std::thread::Builder::new()
         .name("oxccl-root-accept".into())
@@ -511,7 +158,7 @@ pub(crate) fn spawn_root(
     Ok(())
 }
 
-fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Incoming>, stop: Arc<AtomicBool>) {
     let mut conn = 0u64;
     let fd = listener.as_raw_fd();
     crate::door::accept_until(
@@ -527,108 +174,13 @@ fn accept_loop(listener: TcpListener, secret: Secret, tx: Sender<Event>, stop: A
     );
 }
 
-/// Settings a rank registers with: (variable, value) pairs that must be
-/// the same on every rank (see `Config::agreement`).
-pub type Settings = Vec<(String, String)>;
-
-/// Most settings one registration carries (bounds the decoder).
-const MAX_SETTINGS: usize = 32;
-
-/// Encode the settings of a registration (after its `PeerInfo`).
-pub fn encode_settings(v: &mut Vec<u8>, settings: &[(&str, String)]) {
-    v.put_u8(settings.len() as u8);
-    for (name, value) in settings {
-        v.put_str(name);
-        v.put_str(value);
-    }
-}
-
-fn decode_settings(r: &mut Reader<'_>) -> Result<Settings> {
-    let n = r.u8()? as usize;
-    if n > MAX_SETTINGS {
-        return Err(Error::Protocol(format!("a registration with {n} settings")));
-    }
-    (0..n)
-        .map(|_| Ok((r.string(64)?, r.string(256)?)))
-        .collect()
-}
-
-/// The first setting in which `b` differs from `a`, as text naming both
-/// ranks and both values; `None` when they agree.
-pub fn settings_differ(a: (usize, &Settings), b: (usize, &Settings)) -> Option<String> {
-    let value = |s: &Settings, name: &str| {
-        s.iter().find(|(n, _)| n == name).map_or_else(
-            || "(not sent: an older oxccl)".to_string(),
-            |(_, v)| v.clone(),
-        )
-    };
-    // Every name either side sent (a name both sent is compared twice,
-    // harmlessly: the first difference is what is reported).
-    a.1.iter().chain(b.1.iter()).map(|(n, _)| n.as_str()).find_map(|name| {
-        let (va, vb) = (value(a.1, name), value(b.1, name));
-        (va != vb).then(|| {
-            format!(
-                "ranks disagree on {name}: rank {} has {vb}, rank {} has {va} (it must be the same on every rank)",
-                b.0, a.0
-            )
-        })
-    })
-}
-
-/// Decode a rank's registration (it must name the rank its handshake did).
-pub fn parse_registration(reg: &[u8], from: usize) -> Result<(usize, PeerInfo, Settings)> {
-    let mut r = Reader::new(reg, "registration");
-    if r.u8()? != MSG_REGISTER {
-        return Err(Error::Protocol("expected a registration".into()));
-    }
-    let nranks = r.u32()? as usize;
-    let info = decode_info(&mut r)?;
-    let settings = decode_settings(&mut r)?;
-    r.finish()?;
-    if nranks == 0 || nranks > MAX_RANKS || info.rank >= nranks || info.rank != from {
-        return Err(Error::Protocol(format!(
-            "rank {} of {nranks} is out of range",
-            info.rank
-        )));
-    }
-    Ok((nranks, info, settings))
-}
-
-/// Decode everything a rank can receive on its control connection: a
-/// stream of length-prefixed frames, each a table, a rejection or a notice.
-pub fn parse_control_stream(mut bytes: &[u8]) -> Vec<Result<Notice>> {
-    let mut out = Vec::new();
-    while let Ok(Some(frame)) = wire::read_frame(&mut bytes, wire::MAX_FRAME) {
-        let mut r = Reader::new(&frame, "control message");
-        out.push(match r.u8() {
-            Ok(MSG_NOTICE) => Notice::decode(&mut r),
-            Ok(MSG_TABLE) => decode_table(&mut r).map(|_| Notice::Lost {
-                rank: 0,
-                detail: String::new(),
-            }),
-            Ok(MSG_RELEASE) => r.u64().map(|_| Notice::Lost {
-                rank: 0,
-                detail: String::new(),
-            }),
-            Ok(MSG_REJECT) => r.string(4096).map(|m| Notice::Failed {
-                origin: 0,
-                aborted: false,
-                message: m,
-            }),
-            Ok(t) => Err(Error::Protocol(format!("unknown control message {t}"))),
-            Err(e) => Err(e),
-        });
-    }
-    out
-}
-
 /// Handshake, registration, then relay this rank's frames until it leaves.
 fn serve_rank(
     conn: u64,
     s: TcpStream,
     addr: SocketAddr,
     secret: Secret,
-    tx: Sender<Event>,
+    tx: Sender<Incoming>,
     permit: crate::door::Permit,
 ) {
     let _ = s.set_nodelay(true);
@@ -653,10 +205,14 @@ fn serve_rank(
             // A rank of this job's shape with another secret: the root
             // decides whether it stands for a rank that never registered.
             if let Some(h) = seen.filter(|h| h.purpose == Purpose::Bootstrap && h.to == ROOT) {
-                let _ = tx.send(Event::Refused {
+                let refused = Event::Refused {
                     rank: h.from as usize,
                     nranks: h.nranks as usize,
                     from: addr,
+                };
+                let _ = tx.send(Incoming {
+                    event: refused,
+                    stream: None,
                 });
             }
             return;
@@ -670,7 +226,7 @@ fn serve_rank(
             return;
         }
     };
-    let parsed = parse_registration(&reg, hello.from as usize);
+    let parsed = message::parse_registration(&reg, hello.from as usize);
     let (nranks, info, settings) = match parsed {
         Ok(x) => x,
         Err(e) => {
@@ -683,14 +239,17 @@ fn serve_rank(
     drop(permit); // admitted: the relay phase below lasts the job's life
     let _ = s.set_write_timeout(Some(DOOR_TIMEOUT));
     let Ok(writer) = s.try_clone() else { return };
+    let registered = Event::Registered {
+        conn,
+        rank,
+        nranks,
+        info,
+        settings,
+    };
     if tx
-        .send(Event::Registered {
-            conn,
-            rank,
-            nranks,
-            info,
-            settings,
-            stream: writer,
+        .send(Incoming {
+            event: registered,
+            stream: Some(writer),
         })
         .is_err()
     {
@@ -699,528 +258,117 @@ fn serve_rank(
     // Relay phase: no read deadline, the rank speaks only when it fails or leaves.
     let _ = s.set_read_timeout(None);
     loop {
-        match wire::read_frame(&mut s, wire::MAX_FRAME) {
-            Ok(Some(f)) => {
-                let mut r = Reader::new(&f, "control message");
-                let ev = match r.u8() {
-                    Ok(MSG_GOODBYE) => Event::Goodbye { conn, rank },
-                    Ok(MSG_ARRIVE) => match (r.u64(), r.u64()) {
-                        (Ok(barrier), Ok(ms)) => Event::Arrive {
-                            conn,
-                            rank,
-                            barrier,
-                            wait: Duration::from_millis(ms),
-                        },
-                        _ => {
-                            tracing::warn!("oxccl root: rank {rank} sent an unreadable arrival");
-                            continue;
-                        }
-                    },
-                    Ok(MSG_ABORT) => match r
-                        .u8()
-                        .ok()
-                        .filter(|t| *t == MSG_NOTICE)
-                        .map(|_| Notice::decode(&mut r))
-                    {
-                        Some(Ok(notice)) => Event::Abort { conn, rank, notice },
-                        _ => Event::Abort {
-                            conn,
-                            rank,
-                            notice: Notice::Failed {
-                                origin: rank,
-                                aborted: false,
-                                message: "unreadable abort".into(),
-                            },
-                        },
-                    },
-                    _ => {
-                        tracing::warn!("oxccl root: rank {rank} sent an unknown control message");
-                        continue;
-                    }
-                };
-                let leaving = matches!(ev, Event::Goodbye { .. });
-                let _ = tx.send(ev);
-                if leaving {
-                    return;
+        let event = match wire::read_frame(&mut s, wire::MAX_FRAME) {
+            Ok(Some(f)) => match message::decode_from_rank(&f) {
+                Ok(FromRank::Goodbye) => Event::Goodbye { conn, rank },
+                Ok(FromRank::Arrive { barrier, wait }) => Event::Arrive {
+                    conn,
+                    rank,
+                    barrier,
+                    wait,
+                },
+                Ok(FromRank::Abort(notice)) => Event::Abort {
+                    conn,
+                    rank,
+                    notice: notice.unwrap_or_else(|| Notice::Failed {
+                        origin: rank,
+                        aborted: false,
+                        message: "unreadable abort".into(),
+                    }),
+                },
+                Err(e) => {
+                    tracing::warn!("oxccl root: rank {rank} sent an unreadable message: {e}");
+                    continue;
                 }
-            }
-            _ => {
-                let _ = tx.send(Event::Eof { conn, rank });
-                return;
-            }
-        }
-    }
-}
-
-fn send_to(s: &mut TcpStream, payload: &[u8]) {
-    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
-    let _ = wire::write_frame(s, payload);
-}
-
-/// The registered ranks, when registration completes.
-struct Registered {
-    nranks: usize,
-    conns: Vec<Option<TcpStream>>,
-    conn_ids: Vec<u64>,
-    infos: Vec<PeerInfo>,
-}
-
-/// Phase 1: wait for every rank's registration. Anything that makes the
-/// job unable to start — ranks disagreeing on the world size or a setting,
-/// a rank of this job's shape refused for another secret, a registered
-/// rank leaving — fails every rank at once, naming the cause
-/// ([`fail_setup`]), instead of leaving the others to wait for the timeout.
-fn register_all(rx: &Receiver<Event>, init_timeout: Duration) -> Option<Registered> {
-    let deadline = crate::config::value::deadline_after(init_timeout);
-    let mut nranks = 0usize;
-    let mut conns: Vec<Option<TcpStream>> = Vec::new();
-    let mut conn_ids: Vec<u64> = Vec::new();
-    let mut infos: Vec<Option<PeerInfo>> = Vec::new();
-    // The first registrant's settings: everyone else must match them.
-    let mut reference: Option<(usize, Settings)> = None;
-    // Ranks refused for another secret, until we know the job's shape.
-    let mut refused: Vec<(usize, usize, SocketAddr)> = Vec::new();
-    // Ranks turned away with a connection (told through `conns`).
-    let mut offenders: Vec<usize> = Vec::new();
-    let mut registered = 0usize;
-    while nranks == 0 || registered < nranks {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ev = match rx.recv_timeout(left) {
-            Ok(ev) => ev,
-            Err(_) => {
-                let missing: Vec<usize> = (0..nranks).filter(|r| infos[*r].is_none()).collect();
-                let why = format!(
-                    "ranks {missing:?} of {nranks} did not reach the root within {:.0} s (OXCCL_TIMEOUT)",
-                    init_timeout.as_secs_f64()
-                );
-                fail_setup(&why, nranks, &mut conns, Vec::new(), rx, Instant::now());
-                return None;
-            }
+            },
+            _ => Event::Eof { conn, rank },
         };
-        let fatal = match ev {
-            Event::Registered {
-                conn,
-                rank,
-                nranks: n,
-                info,
-                settings,
-                mut stream,
-            } => {
-                if nranks == 0 {
-                    nranks = n;
-                    conns = (0..n).map(|_| None).collect();
-                    conn_ids = vec![0; n];
-                    infos = vec![None; n];
-                }
-                if n != nranks {
-                    conns.push(Some(stream));
-                    offenders.push(rank);
-                    Some(format!(
-                        "rank {rank} says the world has {n} ranks, the ranks before it say {nranks} (OXCCL_WORLD_SIZE or the launcher's size differs)"
-                    ))
-                } else if infos[rank].is_some() {
-                    // Not fatal: a second process claiming a rank that is
-                    // already here (a stray restart) is turned away alone.
-                    tracing::warn!(
-                        "oxccl root: rejected a second registration of rank {rank} from {:?}",
-                        stream.peer_addr().ok()
-                    );
-                    let mut v = vec![MSG_REJECT];
-                    v.put_str(&format!("rank {rank} is already registered"));
-                    send_to(&mut stream, &v);
-                    let _ = stream.shutdown(Shutdown::Both);
-                    None
-                } else {
-                    let differs = match &reference {
-                        Some((r0, s0)) => settings_differ((*r0, s0), (rank, &settings)),
-                        None => {
-                            reference = Some((rank, settings));
-                            None
-                        }
-                    };
-                    infos[rank] = Some(info);
-                    conns[rank] = Some(stream);
-                    conn_ids[rank] = conn;
-                    registered += 1;
-                    differs
-                }
-            }
-            Event::Refused {
-                rank,
-                nranks: n,
-                from,
-            } => {
-                refused.push((rank, n, from));
-                None
-            }
-            Event::Eof { conn, rank }
-            | Event::Goodbye { conn, rank }
-            | Event::Arrive { conn, rank, .. }
-            | Event::Abort { conn, rank, .. } => {
-                (rank < nranks && conns[rank].is_some() && conn_ids[rank] == conn)
-                    .then(|| format!("rank {rank} left during bootstrap"))
-            }
-        };
-        let fatal = fatal.or_else(|| {
-            refused
-                .iter()
-                .find(|(r, _, _)| *r < nranks && infos[*r].is_none())
-                .map(|(r, n, from)| {
-                    if *n != nranks {
-                        format!(
-                            "rank {r} (connecting from {from}) was refused: it believes the world has {n} ranks, the others {nranks} (OXCCL_WORLD_SIZE or the launcher's size differs; with an address rendezvous that also changes the job secret)"
-                        )
-                    } else {
-                        format!(
-                            "rank {r} (connecting from {from}) was refused: it uses another secret or unique id (OXCCL_SECRET / OXCCL_UNIQUE_ID / MASTER_ADDR must be the same on every rank)"
-                        )
-                    }
-                })
+        let last = matches!(event, Event::Goodbye { .. } | Event::Eof { .. });
+        let _ = tx.send(Incoming {
+            event,
+            stream: None,
         });
-        if let Some(why) = fatal {
-            let told = (0..nranks)
-                .filter(|r| infos[*r].is_some())
-                .chain(refused.iter().map(|(r, _, _)| *r))
-                .chain(offenders)
-                .collect();
-            fail_setup(&why, nranks, &mut conns, told, rx, deadline);
-            return None;
-        }
-    }
-    Some(Registered {
-        nranks,
-        conns,
-        conn_ids,
-        infos: infos.into_iter().flatten().collect(),
-    })
-}
-
-/// The job cannot start: tell every rank why, then tell the same to ranks
-/// that register late (they would otherwise wait for a table that never
-/// comes), until every rank of `nranks` has been told (refused ranks were
-/// told at their handshake) or `until`, and stop.
-fn fail_setup(
-    why: &str,
-    nranks: usize,
-    conns: &mut [Option<TcpStream>],
-    mut told: Vec<usize>,
-    rx: &Receiver<Event>,
-    until: Instant,
-) {
-    tracing::warn!("oxccl root: setup failed: {why}");
-    let mut v = vec![MSG_REJECT];
-    v.put_str(why);
-    for c in conns.iter_mut().flatten() {
-        send_to(c, &v);
-    }
-    let everyone = |told: &mut Vec<usize>| {
-        told.sort_unstable();
-        told.dedup();
-        nranks > 0 && (0..nranks).all(|r| told.binary_search(&r).is_ok())
-    };
-    let until = until.min(Instant::now() + LATE_REJECT_WINDOW);
-    while !everyone(&mut told) {
-        let Ok(ev) = rx.recv_timeout(until.saturating_duration_since(Instant::now())) else {
+        if last {
             return;
-        };
-        match ev {
-            Event::Registered {
-                mut stream, rank, ..
-            } => {
-                send_to(&mut stream, &v);
-                told.push(rank);
-            }
-            Event::Refused { rank, .. } => told.push(rank),
-            _ => {}
         }
     }
 }
 
+fn send_to(s: &TcpStream, payload: &[u8]) {
+    let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+    let _ = wire::write_frame(&mut &*s, payload);
+}
+/// The root's loop: feed [`Root`] what the connection threads report and
+/// the deadlines it asks for, and carry out what it decides, until it is
+/// done.
 fn coordinate(
-    rx: Receiver<Event>,
+    rx: Receiver<Incoming>,
     init_timeout: Duration,
     watch: Arc<RootWatch>,
     stop_accepting: &AtomicBool,
 ) {
-    let Some(Registered {
-        nranks,
-        mut conns,
-        conn_ids,
-        infos,
-    }) = register_all(&rx, init_timeout)
-    else {
-        watch.setup_over();
-        return;
-    };
-    // Everyone is here: the door closes (nobody may join a running job).
-    stop_accepting.store(true, Ordering::Relaxed);
-    let mut table = vec![MSG_TABLE];
-    table.put_u32(nranks as u32);
-    for i in &infos {
-        encode_info(&mut table, i);
-    }
-    for c in conns.iter_mut().flatten() {
-        send_to(c, &table);
-    }
-    // Phase 2: relay failures until everyone has left.
-    let mut gone = vec![false; nranks];
-    let mut relayed_failure = false;
-    // Timeouts are collected for a moment, then answered with a verdict
-    // naming the rank everybody waits for (a stopped or hung process).
-    let mut stalls: Vec<Stall> = Vec::new();
-    let mut stall_window: Option<Instant> = None;
-    // The monitored barrier in progress, if any.
-    let mut barrier: Option<MonitoredBarrier> = None;
-    while gone.iter().any(|g| !g) {
-        let wake = match (stall_window, barrier.as_ref().map(|b| b.deadline)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let ev = match wake {
-            Some(until) => match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(ev) => ev,
-                Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                    let now = Instant::now();
-                    let mut verdicts = Vec::new();
-                    if stall_window.is_some_and(|t| t <= now) {
-                        verdicts.push(stall_verdict(&stalls));
-                        stalls.clear();
-                        stall_window = None;
-                    }
-                    if let Some(b) = barrier.take_if(|b| b.deadline <= now) {
-                        verdicts.push(b.absent());
-                        relayed_failure = true;
-                    }
-                    for v in verdicts {
-                        watch.record(&v);
-                        let msg = v.encode();
-                        for (i, c) in conns.iter_mut().enumerate() {
-                            if !gone[i] {
-                                if let Some(c) = c {
-                                    send_to(c, &msg);
-                                }
-                            }
-                        }
-                        watch.relay_done();
-                    }
-                    continue;
-                }
-                Err(_) => return,
+    let mut root = Root::new(Instant::now(), init_timeout);
+    // Registered connections' write halves, by connection.
+    let mut streams: HashMap<ConnId, TcpStream> = HashMap::new();
+    while !root.is_done() {
+        let incoming = match root.next_wake() {
+            Some(at) => match rx.recv_timeout(at.saturating_duration_since(Instant::now())) {
+                Ok(i) => Some(i),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
             },
             None => match rx.recv() {
-                Ok(ev) => ev,
-                Err(_) => return,
+                Ok(i) => Some(i),
+                Err(_) => break,
             },
         };
-        let claimed = match &ev {
-            Event::Refused { .. } => continue, // after setup, only logged
-            Event::Registered { rank, .. }
-            | Event::Abort { rank, .. }
-            | Event::Goodbye { rank, .. }
-            | Event::Arrive { rank, .. }
-            | Event::Eof { rank, .. } => *rank,
+        let actions = match incoming {
+            Some(Incoming { event, stream }) => {
+                if let (Event::Registered { conn, .. }, Some(s)) = (&event, stream) {
+                    streams.insert(*conn, s);
+                }
+                root.on_event(Instant::now(), event)
+            }
+            None => root.on_timer(Instant::now()),
         };
-        if claimed >= nranks {
-            if let Event::Registered { mut stream, .. } = ev {
-                tracing::warn!("oxccl root: rejected a registration claiming rank {claimed} of a {nranks}-rank job");
-                let mut v = vec![MSG_REJECT];
-                v.put_str("rank out of range");
-                send_to(&mut stream, &v);
-            }
-            continue;
-        }
-        let (rank, notice) = match ev {
-            Event::Goodbye { conn, rank }
-            | Event::Eof { conn, rank }
-            | Event::Arrive { conn, rank, .. }
-            | Event::Abort { conn, rank, .. }
-                if conn_ids[rank] != conn =>
-            {
-                continue; // a rejected stranger, not the rank itself
-            }
-            Event::Arrive {
-                rank,
-                barrier: number,
-                wait,
-                ..
-            } => {
-                let b = barrier.get_or_insert_with(|| MonitoredBarrier {
-                    number,
-                    arrived: vec![false; nranks],
-                    started: Instant::now(),
-                    deadline: crate::config::value::deadline_after(wait),
-                });
-                if b.number != number {
-                    // A rank ahead of or behind the others: it is absent
-                    // from this barrier (and the others from its).
-                    continue;
-                }
-                b.arrived[rank] = true;
-                if b.arrived.iter().all(|a| *a) {
-                    let mut v = vec![MSG_RELEASE];
-                    v.put_u64(number);
-                    for c in conns.iter_mut().flatten() {
-                        send_to(c, &v);
-                    }
-                    barrier = None;
-                }
-                continue;
-            }
-            Event::Goodbye { rank, .. } => {
-                gone[rank] = true;
-                continue;
-            }
-            Event::Eof { rank, .. } => {
-                if gone[rank] {
-                    continue;
-                }
-                gone[rank] = true;
-                let host = conns[rank]
-                    .as_ref()
-                    .and(infos.get(rank))
-                    .map(|i| i.hostname.clone())
-                    .unwrap_or_default();
-                (
-                    rank,
-                    Notice::Lost {
-                        rank,
-                        detail: format!(
-                            "its control connection to the root on {host} closed without goodbye"
-                        ),
-                    },
-                )
-            }
-            Event::Abort {
-                rank,
-                notice:
-                    Notice::Timeout {
-                        origin,
-                        waits_on,
-                        after_ms,
-                        ..
-                    },
-                ..
-            } => {
-                let _ = rank;
-                stalls.push(Stall {
-                    origin,
-                    waits_on,
-                    after_ms,
-                });
-                stall_window.get_or_insert_with(|| Instant::now() + STALL_WINDOW);
-                continue;
-            }
-            Event::Abort { rank, notice, .. } => (rank, notice),
-            Event::Refused { .. } => continue,
-            Event::Registered {
-                mut stream, rank, ..
-            } => {
-                tracing::warn!("oxccl root: rejected late registration of rank {rank}");
-                let mut v = vec![MSG_REJECT];
-                v.put_str("the communicator is already complete");
-                send_to(&mut stream, &v);
-                continue;
-            }
-        };
-        if relayed_failure && matches!(notice, Notice::Failed { .. }) {
-            continue; // the first cause is the one that matters
-        }
-        relayed_failure = true;
-        watch.record(&notice);
-        let msg = notice.encode();
-        for (i, c) in conns.iter_mut().enumerate() {
-            if i != rank && !gone[i] {
-                if let Some(c) = c {
-                    send_to(c, &msg);
-                }
-            }
-        }
-        watch.relay_done();
-    }
-}
-
-/// How long the root collects timeout reports before naming the culprit.
-const STALL_WINDOW: Duration = Duration::from_millis(300);
-
-/// A monitored barrier the root is collecting arrivals for: the deadline
-/// runs from the first arrival.
-struct MonitoredBarrier {
-    number: u64,
-    arrived: Vec<bool>,
-    started: Instant,
-    deadline: Instant,
-}
-
-impl MonitoredBarrier {
-    /// The verdict when the deadline passed: who did not arrive.
-    fn absent(&self) -> Notice {
-        let ranks: Vec<usize> = (0..self.arrived.len())
-            .filter(|r| !self.arrived[*r])
-            .collect();
-        Notice::Absent {
-            detail: format!("monitored_barrier #{}", self.number),
-            ranks,
-            after_ms: self.started.elapsed().as_millis() as u64,
+        for action in actions {
+            carry_out(action, &mut streams, &watch, stop_accepting);
         }
     }
 }
 
-/// One rank's timeout report: it waited `after_ms` for `waits_on`
-/// (`u32::MAX`: unknown).
-#[derive(Clone, Copy, Debug)]
-struct Stall {
-    origin: usize,
-    waits_on: u32,
-    after_ms: u64,
-}
-
-/// The verdict on a set of timeout reports. Following "waits for" from the
-/// first reporter ends either at a rank that did not report waiting (a
-/// stopped or hung process: `Stalled`), or back at a rank already on the
-/// path (a true deadlock between the ranks of that loop: `Cycle`).
-fn stall_verdict(stalls: &[Stall]) -> Notice {
-    let waits = |r: usize| {
-        stalls
-            .iter()
-            .find(|s| s.origin == r)
-            .map(|s| s.waits_on)
-            .filter(|w| *w != u32::MAX)
-            .map(|w| w as usize)
+fn carry_out(
+    action: Action,
+    streams: &mut HashMap<ConnId, TcpStream>,
+    watch: &RootWatch,
+    stop_accepting: &AtomicBool,
+) {
+    let send = |to: &[ConnId], frame: &[u8]| {
+        for c in to {
+            if let Some(s) = streams.get(c) {
+                send_to(s, frame);
+            }
+        }
     };
-    let reporters: Vec<usize> = stalls.iter().map(|s| s.origin).collect();
-    let after_ms = stalls.iter().map(|s| s.after_ms).max().unwrap_or(0);
-    let first = stalls[0].origin;
-    let Some(mut target) = waits(first) else {
-        return Notice::Stalled {
-            rank: first,
-            detail: format!("ranks {reporters:?} timed out"),
-            after_ms,
-        };
-    };
-    let mut path = vec![first];
-    loop {
-        if let Some(at) = path.iter().position(|r| *r == target) {
-            let ranks = path[at..].to_vec();
-            return Notice::Cycle {
-                detail: format!(
-                    "ranks {ranks:?} each wait for the next and the last for the first; ranks {reporters:?} timed out"
-                ),
-                ranks,
-                after_ms,
-            };
+    match action {
+        Action::Send { to, reply } => {
+            if let Reply::Reject(why) = &reply {
+                tracing::warn!("oxccl root: rejected connections {to:?}: {why}");
+            }
+            send(&to, &message::encode_reply(&reply));
         }
-        path.push(target);
-        match waits(target) {
-            Some(next) => target = next,
-            None => break,
+        Action::Relay { to, notice } => {
+            watch.record(&notice);
+            send(&to, &notice.encode_frame());
+            watch.relay_done();
         }
-    }
-    Notice::Stalled {
-        rank: target,
-        detail: format!(
-            "rank {target} stopped making progress (stopped, hung, or not calling this collective); ranks {reporters:?} timed out waiting for it, directly or through each other"
-        ),
-        after_ms,
+        Action::Close(conn) => {
+            if let Some(s) = streams.remove(&conn) {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        Action::CloseDoor => stop_accepting.store(true, Ordering::Relaxed),
+        Action::SetupOver => watch.setup_over(),
     }
 }
 
@@ -1307,10 +455,7 @@ pub(crate) fn rendezvous(
             .max(Duration::from_millis(1))
             .min(DOOR_TIMEOUT),
     ));
-    let mut reg = vec![MSG_REGISTER];
-    reg.put_u32(nranks as u32);
-    encode_info(&mut reg, me);
-    encode_settings(&mut reg, settings);
+    let reg = message::encode_registration(nranks, me, settings);
     wire::write_frame(&mut s, &reg)
         .map_err(|e| Error::Bootstrap(format!("registering with the root: {e}")))?;
     let _ = s.set_read_timeout(Some(
@@ -1331,8 +476,8 @@ pub(crate) fn rendezvous(
         })?;
     let mut r = Reader::new(&frame, "peer table");
     let table = match r.u8()? {
-        MSG_TABLE => decode_table(&mut r)?,
-        MSG_REJECT => return Err(Error::Bootstrap(r.string(4096)?)),
+        message::MSG_TABLE => message::decode_table(&mut r)?,
+        message::MSG_REJECT => return Err(Error::Bootstrap(r.string(message::REJECT_TEXT)?)),
         t => {
             return Err(Error::Protocol(format!(
                 "unexpected message {t} from the root"
@@ -1366,23 +511,23 @@ pub(crate) struct ControlSender {
 impl ControlSender {
     /// Tell the root (and through it everyone) that this rank failed.
     pub(crate) fn abort(&mut self, notice: &Notice) {
-        let mut v = vec![MSG_ABORT];
-        v.extend_from_slice(&notice.encode());
-        self.send(&v);
+        self.send(&message::encode_from_rank(&FromRank::Abort(Some(
+            notice.clone(),
+        ))));
     }
 
     /// Tell the root this rank arrived at monitored barrier `number` and
     /// waits `wait` for the others.
     pub(crate) fn arrive(&mut self, number: u64, wait: Duration) {
-        let mut v = vec![MSG_ARRIVE];
-        v.put_u64(number);
-        v.put_u64(wait.as_millis() as u64);
-        self.send(&v);
+        self.send(&message::encode_from_rank(&FromRank::Arrive {
+            barrier: number,
+            wait,
+        }));
     }
 
     /// Tell the root this rank leaves normally.
     pub(crate) fn goodbye(&mut self) {
-        self.send(&[MSG_GOODBYE]);
+        self.send(&message::encode_from_rank(&FromRank::Goodbye));
     }
 
     fn send(&mut self, payload: &[u8]) {
@@ -1488,7 +633,7 @@ impl Control {
                         return Some(ControlEvent::Notice(n));
                     }
                 }
-                Some(MSG_RELEASE) => {
+                Some(message::MSG_RELEASE) => {
                     if let Ok(n) = r.u64() {
                         return Some(ControlEvent::Released(n));
                     }

@@ -4,10 +4,11 @@
 //! headers built and checked against the call).
 
 use super::direct::DirectCtx;
-use super::failure::{notice_to_error, CallName};
 use super::header::{WireHeader, HEADER_LEN};
-use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
-use crate::call::Fingerprint;
+use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender};
+use crate::call::{Fingerprint, Kind};
+use crate::control::failure::{self, notice_to_error};
+use crate::control::notice::Notice;
 use crate::error::{Error, Result};
 use crate::transport::PeerInfo;
 use crate::types::DataType;
@@ -15,6 +16,28 @@ use std::io::ErrorKind;
 use std::os::fd::RawFd;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+
+/// The name of a call for messages, formatted only when one is needed.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CallName {
+    pub fp: Fingerprint,
+    pub seq: u64,
+}
+
+impl std::fmt::Display for CallName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} #{}", self.fp.kind.name(), self.seq)
+    }
+}
+
+/// How messages describe a call: `all_reduce(count=.., f32, sum) as collective #7`.
+pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
+    if fp.kind == Kind::P2p {
+        format!("{fp} as point-to-point message #{seq}")
+    } else {
+        format!("{fp} as collective #{seq}")
+    }
+}
 
 /// How long a rank that saw a peer's connection close waits for the root
 /// to explain (another rank's failure) before blaming that peer.
@@ -75,10 +98,10 @@ impl CallCtx<'_> {
     /// died (and took the root along); otherwise say the root is gone.
     pub(super) fn root_gone(&self) -> Error {
         let me = &self.peers[self.rank];
-        let host = super::failure::root_host(self.peers, self.rank)
-            .filter(|p| super::failure::process_alive(me, p) == Some(false));
+        let host = failure::root_host(self.peers, self.rank)
+            .filter(|p| failure::process_alive(me, p) == Some(false));
         if let Some(h) = host {
-            return super::failure::peer_lost(
+            return failure::peer_lost(
                 h.rank,
                 self.peers,
                 &self.during.to_string(),
@@ -123,7 +146,7 @@ impl CallCtx<'_> {
             return e;
         }
         let during = self.during.to_string();
-        super::failure::closed_link(self.rank, peer, self.peers, &during, detail)
+        failure::closed_link(self.rank, peer, self.peers, &during, detail)
     }
 
     /// A link call failed. `InvalidData` is the transport's verdict that the

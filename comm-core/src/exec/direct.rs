@@ -18,9 +18,9 @@
 //!
 //! [`DirectAccess`]: crate::transport::DirectAccess
 
+use super::call::describe_call;
 use crate::call::Fingerprint;
 use crate::error::{Error, Result};
-use crate::exec::failure::describe_call;
 use crate::mem::shared::SharedMaps;
 use crate::mem::{MemorySpace, Region};
 use crate::transport::{Mapped, PeerMemory, RemoteMemory};

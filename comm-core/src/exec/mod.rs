@@ -22,17 +22,13 @@
 
 mod call;
 mod direct;
-pub(crate) mod failure;
 pub(crate) mod header;
 
-pub(crate) use call::CallCtx;
+pub(crate) use call::{describe_call, CallCtx, CallName};
 
 pub(crate) use direct::describe_own;
 use direct::PeerSpan;
 pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
-pub(crate) use failure::{
-    closed_link, describe_call, notice_for, notice_to_error, stall_error, CallName,
-};
 pub use header::{WireHeader, HEADER_LEN};
 
 use crate::bootstrap::ControlEvent;
@@ -870,7 +866,7 @@ fn wait(
                 .map(|c| c.peer)
                 .or(waits.remote.first().map(|r| r.1));
             let (during, own) = (cx.during.to_string(), cx.own());
-            return Err(stall_error(
+            return Err(crate::control::failure::stall_error(
                 cx.control,
                 cx.sender,
                 cx.rank,
@@ -935,7 +931,7 @@ fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
     }
     if Instant::now() >= cx.deadline {
         let (during, own) = (cx.during.to_string(), cx.own());
-        return Err(stall_error(
+        return Err(crate::control::failure::stall_error(
             cx.control,
             cx.sender,
             cx.rank,

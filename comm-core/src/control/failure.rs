@@ -1,37 +1,16 @@
-//! Turning what went wrong into the error every rank reports: names of
-//! calls for messages, control-plane notices to errors, the stall verdict
-//! of a timeout, and what this rank tells the others about its own error.
+//! Turning what went wrong into the error every rank reports: control-plane
+//! notices to errors, the stall verdict of a timeout, a closed link's
+//! culprit, and what this rank tells the others about its own error. The
+//! one place that maps between [`Notice`] and [`Error`].
 
-use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender, Notice};
-use crate::call::{Fingerprint, Kind};
+use super::bootstrap::{poll_one, Control, ControlEvent, ControlSender};
+use super::notice::Notice;
 use crate::error::Error;
 use crate::transport::PeerInfo;
 use std::time::{Duration, Instant};
 
 /// How long a rank that timed out waits for the root's verdict.
 const STALL_VERDICT_WAIT: Duration = Duration::from_millis(1500);
-
-/// The name of a call for messages, formatted only when one is needed.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CallName {
-    pub fp: Fingerprint,
-    pub seq: u64,
-}
-
-impl std::fmt::Display for CallName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} #{}", self.fp.kind.name(), self.seq)
-    }
-}
-
-/// How messages describe a call: `all_reduce(count=.., f32, sum) as collective #7`.
-pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
-    if fp.kind == Kind::P2p {
-        format!("{fp} as point-to-point message #{seq}")
-    } else {
-        format!("{fp} as collective #{seq}")
-    }
-}
 
 /// Turn a control-plane notice into the error of this rank's call
 /// (`during` names it for messages, `own` describes it for mismatches;
