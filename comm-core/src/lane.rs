@@ -37,16 +37,14 @@ use crate::exec::header::{self, WireHeader, HEADER_LEN};
 use crate::exec::{self as executor};
 use crate::mem::Region;
 use crate::transport::Link;
+use crate::wait::{look_until, Spin, EXPLAIN_WAIT};
 use std::collections::VecDeque;
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
-
-/// How long the lane waits for the control plane to explain a closed link
-/// or a timeout before deciding itself.
-const EXPLAIN_WAIT: Duration = Duration::from_millis(1500);
 
 /// What runs when every operation of a batch finished: `Ok` or the first
 /// error.
@@ -279,27 +277,18 @@ impl Lane {
     /// moved for the spin time; then wake the lane's thread to go on (the
     /// caller sleeps on its result).
     pub(crate) fn drive(&self, inner: &Inner, done: impl Fn() -> bool) {
-        let mut idle_since = Instant::now();
+        let mut spin = Spin::new(self.spin, self.oversubscribed);
         while !done() {
             if let Ok(mut core) = self.core.try_lock() {
                 if core.step(inner) {
-                    idle_since = Instant::now();
+                    spin.moved();
                 }
             }
             if done() {
                 return;
             }
-            let idle = idle_since.elapsed();
-            if idle >= self.spin {
+            if !spin.turn() {
                 return self.wake();
-            }
-            // As the executor: a pure spin for the first microseconds (the
-            // data is usually on its way), then yield so the peer (or the
-            // kernel's work for a socket) can run on this core.
-            if !self.oversubscribed && idle < crate::exec::PURE_SPIN {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
             }
         }
     }
@@ -579,23 +568,25 @@ impl Core {
     /// Wait a moment for the control plane (or the collectives, which read
     /// it while they run) to explain what went wrong.
     fn explanation(&self, inner: &Inner, during: &str) -> Option<Error> {
-        let until = Instant::now() + EXPLAIN_WAIT;
-        while Instant::now() < until {
-            if let Some(e) = inner.poisoned() {
-                return Some(e);
-            }
-            if let Some(n) = inner.control_notice() {
-                return Some(failure::notice_to_error(
-                    n,
-                    self.me,
-                    &inner.peers,
-                    during,
-                    during,
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+        look_until(
+            Instant::now() + EXPLAIN_WAIT,
+            || match inner.poisoned() {
+                Some(e) => ControlFlow::Break(Some(e)),
+                None => match inner.control_notice() {
+                    Some(n) => ControlFlow::Break(Some(failure::notice_to_error(
+                        n,
+                        self.me,
+                        &inner.peers,
+                        during,
+                        during,
+                    ))),
+                    None => ControlFlow::Continue(()),
+                },
+            },
+            // The control connection may be held by a collective: look
+            // again soon rather than poll it.
+            |left| std::thread::sleep(left.min(Duration::from_millis(20))),
+        )
     }
 
     /// A link failed under `op_name`: the control plane's explanation, or

@@ -28,6 +28,7 @@ pub mod mem;
 pub mod sys;
 pub mod transport;
 pub mod types;
+mod wait;
 pub mod wire;
 pub mod work;
 

@@ -372,17 +372,6 @@ fn carry_out(
     }
 }
 
-/// `poll(2)` on one fd; returns true when it is ready.
-pub(crate) fn poll_one(fd: RawFd, events: i16, timeout_ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd on the stack for the duration of the call.
-    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
-}
-
 // ---------------------------------------------------------------- rank ----
 
 /// A rank's control connection to the root.
@@ -541,7 +530,11 @@ impl ControlSender {
             match self.stream.write(&frame[off..]) {
                 Ok(n) => off += n,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                    poll_one(self.stream.as_raw_fd(), libc::POLLOUT, 50);
+                    crate::sys::poll_one(
+                        self.stream.as_raw_fd(),
+                        libc::POLLOUT,
+                        Duration::from_millis(50),
+                    );
                 }
                 Err(_) => return,
             }

@@ -3,14 +3,13 @@
 //! culprit, and what this rank tells the others about its own error. The
 //! one place that maps between [`Notice`] and [`Error`].
 
-use super::bootstrap::{poll_one, Control, ControlEvent, ControlSender};
+use super::bootstrap::{Control, ControlEvent, ControlSender};
 use super::notice::Notice;
 use crate::error::Error;
 use crate::transport::PeerInfo;
+use crate::wait::{look_until, EXPLAIN_WAIT};
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
-
-/// How long a rank that timed out waits for the root's verdict.
-const STALL_VERDICT_WAIT: Duration = Duration::from_millis(1500);
 
 /// Turn a control-plane notice into the error of this rank's call
 /// (`during` names it for messages, `own` describes it for mismatches;
@@ -152,14 +151,20 @@ pub(crate) fn stall_error(
     if let Ok(mut s) = sender.lock() {
         s.abort(&report);
     }
-    let until = Instant::now() + STALL_VERDICT_WAIT;
-    while Instant::now() < until {
-        match control.poll() {
-            Some(ControlEvent::Notice(n)) => return notice_to_error(n, me, peers, during, own),
-            Some(ControlEvent::RootGone) => break,
-            Some(ControlEvent::Released(_)) | None => {}
-        }
-        poll_one(control.fd(), libc::POLLIN, 50);
+    let fd = control.fd();
+    let verdict = look_until(
+        Instant::now() + EXPLAIN_WAIT,
+        || match control.poll() {
+            Some(ControlEvent::Notice(n)) => ControlFlow::Break(Some(n)),
+            Some(ControlEvent::RootGone) => ControlFlow::Break(None),
+            Some(ControlEvent::Released(_)) | None => ControlFlow::Continue(()),
+        },
+        |left| {
+            crate::sys::poll_one(fd, libc::POLLIN, left.min(Duration::from_millis(50)));
+        },
+    );
+    if let Some(n) = verdict {
+        return notice_to_error(n, me, peers, during, own);
     }
     // No verdict from a root that is still connected: when the root lives
     // in another rank's process, that rank is stopped or hung (it would
@@ -172,7 +177,7 @@ pub(crate) fn stall_error(
                 waiting_for: format!(
                     "{waiting_for}; the root, in rank {}'s process, gave no verdict within {:.1} s, so rank {} itself is stopped or hung",
                     host.rank,
-                    STALL_VERDICT_WAIT.as_secs_f64(),
+                    EXPLAIN_WAIT.as_secs_f64(),
                     host.rank
                 ),
                 after,

@@ -5,14 +5,16 @@
 
 use super::direct::DirectCtx;
 use super::header::{WireHeader, HEADER_LEN};
-use crate::bootstrap::{poll_one, Control, ControlEvent, ControlSender};
+use crate::bootstrap::{Control, ControlEvent, ControlSender};
 use crate::call::{Fingerprint, Kind};
 use crate::control::failure::{self, notice_to_error};
 use crate::control::notice::Notice;
 use crate::error::{Error, Result};
 use crate::transport::PeerInfo;
 use crate::types::DataType;
+use crate::wait::{look_until, Stop, EXPLAIN_WAIT, ORPHAN_IDLE};
 use std::io::ErrorKind;
+use std::ops::ControlFlow;
 use std::os::fd::RawFd;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -38,10 +40,6 @@ pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
         format!("{fp} as collective #{seq}")
     }
 }
-
-/// How long a rank that saw a peer's connection close waits for the root
-/// to explain (another rank's failure) before blaming that peer.
-const EXPLAIN_GRACE: Duration = Duration::from_millis(1500);
 
 /// Everything about the current call the executor needs besides buffers.
 pub(crate) struct CallCtx<'a> {
@@ -107,35 +105,67 @@ impl CallCtx<'_> {
                 &self.during.to_string(),
                 format!(
                     "its process is gone, and the root it hosted with it (this call made no progress for {} s since)",
-                    super::ORPHAN_IDLE.as_secs()
+                    ORPHAN_IDLE.as_secs()
                 ),
             );
         }
         Error::Bootstrap(format!(
             "lost the connection to the rendezvous root during {}, and the call made no progress for {} s since (the launcher or the rank hosting the root ended; failures of other ranks can no longer be detected or relayed)",
             self.during,
-            super::ORPHAN_IDLE.as_secs()
+            ORPHAN_IDLE.as_secs()
         ))
     }
 
     /// Wait briefly for the control plane to explain a broken link (another
     /// rank's failure or death, announced by the root).
     pub(super) fn explained(&mut self) -> Option<Error> {
-        let until = (Instant::now() + EXPLAIN_GRACE).min(self.deadline);
-        loop {
-            match self.control.poll() {
-                Some(ControlEvent::Notice(n)) => return Some(self.notice_error(n)),
-                Some(ControlEvent::RootGone | ControlEvent::Released(_)) | None => {}
+        let until = (Instant::now() + EXPLAIN_WAIT).min(self.deadline);
+        let fd = self.control.fd();
+        let notice = look_until(
+            until,
+            || match self.control.poll() {
+                Some(ControlEvent::Notice(n)) => ControlFlow::Break(Some(n)),
+                Some(ControlEvent::RootGone | ControlEvent::Released(_)) | None => {
+                    ControlFlow::Continue(())
+                }
+            },
+            |left| {
+                crate::sys::poll_one(fd, libc::POLLIN, left.min(Duration::from_millis(100)));
+            },
+        );
+        notice.map(|n| self.notice_error(n))
+    }
+
+    /// The error of a wait that had to stop (see [`crate::wait::Sleep`]):
+    /// `Aborted`; the root gone ([`CallCtx::root_gone`]); or, past the
+    /// deadline, the root's verdict on the stall this rank reports —
+    /// `waiting` says what it waited for, and for whom.
+    pub(super) fn stopped(
+        &mut self,
+        stop: Stop,
+        waiting: impl FnOnce(&Self) -> (String, Option<usize>),
+    ) -> Error {
+        match stop {
+            Stop::Aborted => Error::Aborted {
+                by: None,
+                world_by: None,
+            },
+            Stop::Orphaned => self.root_gone(),
+            Stop::Deadline => {
+                let (waiting_for, waits_on) = waiting(self);
+                let (during, own) = (self.during.to_string(), self.own());
+                failure::stall_error(
+                    self.control,
+                    self.sender,
+                    self.rank,
+                    self.peers,
+                    waiting_for,
+                    waits_on,
+                    &during,
+                    &own,
+                    self.timeout,
+                )
             }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            poll_one(
-                self.control.fd(),
-                libc::POLLIN,
-                left.as_millis().clamp(1, 100) as i32,
-            );
         }
     }
 

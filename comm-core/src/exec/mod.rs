@@ -37,18 +37,12 @@ use crate::error::{Error, Result};
 use crate::mem::Region;
 use crate::schedule::{Action, Schedule, Span, SCRATCH};
 use crate::transport::{Link, Registration, Registry};
+use crate::wait::{Sleep, Spin, Stop};
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
 use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-/// How long a call whose root is gone may see no progress before it fails
-/// (see `wait`): long next to any healthy pause between two messages.
-const ORPHAN_IDLE: Duration = Duration::from_secs(2);
-
-/// How long a waiting call spins without yielding when it has a core.
-pub(crate) const PURE_SPIN: Duration = Duration::from_micros(2);
 /// Streams per link the staging table is sized for.
 pub const MAX_STREAMS: usize = 16;
 
@@ -324,7 +318,9 @@ fn execute_with(
     net.pollfds.clear();
     net.pollfds.reserve(chans.len() + cx.nranks + 3);
     let mut remaining = nsteps;
-    let mut idle_since: Option<Instant> = None;
+    let mut spin = Spin::new(cx.spin, cx.oversubscribed);
+    // From the first sleep after progress stopped until something moves.
+    let mut asleep: Option<Sleep> = None;
     let ready = |done: &[bool], i: u32| {
         sched.steps[i as usize]
             .deps
@@ -662,23 +658,13 @@ fn execute_with(
             return Ok(());
         }
         if progressed {
-            idle_since = None;
+            spin.moved();
+            asleep = None;
         } else {
             // Spin (yielding, so a peer sharing this core can run) for a
             // while before sleeping: a wake-up through poll costs far more
             // than a few retries when the data is microseconds away.
-            let since = *idle_since.get_or_insert_with(Instant::now);
-            let idle = since.elapsed();
-            if idle < cx.spin {
-                // With a core each, the first microseconds are a pure spin
-                // (the data is usually on its way); after that, or always
-                // when this host's ranks outnumber its cores, yield so the
-                // peer we wait for can run.
-                if !cx.oversubscribed && idle < PURE_SPIN {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
+            if spin.turn() {
                 if cx.aborted.load(Ordering::Relaxed) {
                     return Err(Error::Aborted {
                         by: None,
@@ -687,6 +673,7 @@ fn execute_with(
                 }
                 continue;
             }
+            let sleep = asleep.get_or_insert_with(|| Sleep::new(cx.deadline));
             let waits = Waits {
                 sync: sync_wait,
                 compute: !inflight.is_empty(),
@@ -701,9 +688,9 @@ fn execute_with(
                 &mut net.pollfds,
                 compute_fd,
                 cx,
+                sleep,
                 waits,
             )?;
-            idle_since = None;
         }
     }
 }
@@ -728,8 +715,9 @@ struct Waits<'w> {
     remote: &'w [(u32, usize, u64)],
 }
 
-/// Sleep until a needed fd is ready, a notice arrives, abort, or deadline
-/// (or, waiting on a `Sync`, for one slice on the lagging peer's counter).
+/// Sleep (see [`crate::wait`]) until a needed fd is ready, a notice
+/// arrives, abort, the deadline, or the root gone too long; waiting on a
+/// `Sync`, for one slice at most (a phase counter wakes no fd).
 #[allow(clippy::too_many_arguments)]
 fn wait(
     chans: &[Chan],
@@ -739,6 +727,7 @@ fn wait(
     pollfds: &mut Vec<libc::pollfd>,
     compute_fd: Option<RawFd>,
     cx: &mut CallCtx<'_>,
+    sleep: &Sleep,
     waits: Waits<'_>,
 ) -> Result<()> {
     let ready = |i: u32| {
@@ -805,7 +794,7 @@ fn wait(
     }
     if pollfds.is_empty() {
         if let Some((peer, target)) = waits.sync {
-            return sync_sleep(cx, peer, target);
+            return sync_sleep(cx, sleep, peer, target);
         }
         if waits.compute {
             return Ok(()); // an engine without a completion fd: poll it again
@@ -825,78 +814,48 @@ fn wait(
         events: libc::POLLIN,
         revents: 0,
     });
-    let idle_from = Instant::now();
     loop {
-        if cx.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted {
-                by: None,
-                world_by: None,
-            });
-        }
-        // Without the root nobody relays another rank's failure or judges
-        // a stall: a call that sees no progress for a while fails saying
-        // so, instead of waiting out the full timeout (or forever).
-        let orphaned = cx.control.is_gone();
-        if orphaned && idle_from.elapsed() >= ORPHAN_IDLE {
-            return Err(cx.root_gone());
-        }
-        let left = cx.deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            // Described only now: waits are frequent, timeouts are not.
-            let mut waiting_for = Vec::new();
-            for c in chans {
-                let (r, w) = wants(c);
-                if w {
-                    waiting_for.push(format!(
-                        "rank {} to take data (stream {})",
-                        c.peer, c.stream
-                    ));
-                }
-                if r {
-                    waiting_for.push(format!("data from rank {} (stream {})", c.peer, c.stream));
-                }
+        let mut limit = match sleep.look(cx.aborted, cx.control.is_gone()) {
+            Ok(limit) => limit,
+            Err(stop) => {
+                // Described only now: waits are frequent, timeouts are not.
+                return Err(cx.stopped(stop, |_| {
+                    let mut waiting_for = Vec::new();
+                    for c in chans {
+                        let (r, w) = wants(c);
+                        if w {
+                            waiting_for.push(format!(
+                                "rank {} to take data (stream {})",
+                                c.peer, c.stream
+                            ));
+                        }
+                        if r {
+                            waiting_for
+                                .push(format!("data from rank {} (stream {})", c.peer, c.stream));
+                        }
+                    }
+                    for k in (0..waits.remote.len()).filter(|k| reading(*k)) {
+                        let peer = waits.remote[k].1;
+                        waiting_for.push(format!("a one-sided read of rank {peer}'s memory"));
+                    }
+                    let waits_on = chans
+                        .iter()
+                        .find(|c| wants(c) != (false, false))
+                        .map(|c| c.peer)
+                        .or(waits.remote.first().map(|r| r.1));
+                    (waiting_for.join(", "), waits_on)
+                }));
             }
-            for k in (0..waits.remote.len()).filter(|k| reading(*k)) {
-                let peer = waits.remote[k].1;
-                waiting_for.push(format!("a one-sided read of rank {peer}'s memory"));
-            }
-            let waits_on = chans
-                .iter()
-                .find(|c| wants(c) != (false, false))
-                .map(|c| c.peer)
-                .or(waits.remote.first().map(|r| r.1));
-            let (during, own) = (cx.during.to_string(), cx.own());
-            return Err(crate::control::failure::stall_error(
-                cx.control,
-                cx.sender,
-                cx.rank,
-                cx.peers,
-                waiting_for.join(", "),
-                waits_on,
-                &during,
-                &own,
-                cx.timeout,
-            ));
-        }
-        let mut ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        };
         if waits.sync.is_some() {
-            // Phase counters wake no fd: look again soon.
-            ms = ms.min(direct::SLEEP_SLICE.as_millis() as i32);
+            limit = limit.min(direct::SLEEP_SLICE);
         }
-        if orphaned {
-            ms = ms.min(ORPHAN_IDLE.as_millis() as i32);
-        }
-        // SAFETY: pollfds is a valid array of initialised pollfd for the call.
-        let r = unsafe { libc::poll(pollfds.as_mut_ptr(), pollfds.len() as libc::nfds_t, ms) };
-        if r < 0 {
+        if crate::sys::poll(pollfds, limit) < 0 {
             continue; // EINTR
         }
         let nf = pollfds.len();
-        if pollfds[nf - 1].revents != 0 || cx.aborted.load(Ordering::Acquire) {
-            return Err(Error::Aborted {
-                by: None,
-                world_by: None,
-            });
+        if pollfds[nf - 1].revents != 0 {
+            return Err(cx.stopped(Stop::Aborted, |_| (String::new(), None)));
         }
         if pollfds[nf - 2].revents != 0 {
             match cx.control.poll() {
@@ -913,35 +872,24 @@ fn wait(
                 Some(ControlEvent::Released(_)) | None => {}
             }
         }
-        if pollfds[..nf - 2].iter().any(|p| p.revents != 0) {
+        // A `Sync` also waits on a phase counter: look at it again.
+        if pollfds[..nf - 2].iter().any(|p| p.revents != 0) || waits.sync.is_some() {
             return Ok(());
         }
     }
 }
 
-/// One slice of waiting for `peer` to reach phase `target`, then a look
-/// around: abort, the deadline (a stall report naming the peer), the
-/// control plane, and whether the peer's process still exists.
-fn sync_sleep(cx: &mut CallCtx<'_>, peer: usize, target: u32) -> Result<()> {
-    if cx.aborted.load(Ordering::Acquire) {
-        return Err(Error::Aborted {
-            by: None,
-            world_by: None,
-        });
-    }
-    if Instant::now() >= cx.deadline {
-        let (during, own) = (cx.during.to_string(), cx.own());
-        return Err(crate::control::failure::stall_error(
-            cx.control,
-            cx.sender,
-            cx.rank,
-            cx.peers,
-            format!("rank {peer} to reach phase {target} of {during}"),
-            Some(peer),
-            &during,
-            &own,
-            cx.timeout,
-        ));
+/// One slice of waiting for `peer` to reach phase `target` (after the
+/// looks every sleep makes), then whether a notice came and whether the
+/// peer's process still exists.
+fn sync_sleep(cx: &mut CallCtx<'_>, sleep: &Sleep, peer: usize, target: u32) -> Result<()> {
+    if let Err(stop) = sleep.look(cx.aborted, cx.control.is_gone()) {
+        return Err(cx.stopped(stop, |cx| {
+            (
+                format!("rank {peer} to reach phase {target} of {}", cx.during),
+                Some(peer),
+            )
+        }));
     }
     direct::sleep_on(direct_ctx(cx)?, peer, target)?;
     if let Some(ControlEvent::Notice(n)) = cx.control.poll() {

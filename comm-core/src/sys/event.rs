@@ -37,6 +37,17 @@ pub fn poll(fds: &mut [libc::pollfd], timeout: Duration) -> i32 {
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) }
 }
 
+/// `poll(2)` on one fd for `events`, at most `timeout` (at least 1 ms);
+/// whether it is ready.
+pub fn poll_one(fd: RawFd, events: i16, timeout: Duration) -> bool {
+    let mut p = [libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }];
+    poll(&mut p, timeout) > 0
+}
+
 /// Wait until one of `fds` is readable, at most `timeout` (negative fds
 /// are ignored, as by `poll(2)`; an interrupted wait returns early).
 pub fn wait_readable(fds: &[RawFd], timeout: Duration) {

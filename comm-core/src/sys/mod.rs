@@ -9,7 +9,7 @@ mod fdpass;
 mod proc;
 mod shm;
 
-pub use event::{drain, eventfd, futex_wait, futex_wake, poll, signal, wait_readable};
+pub use event::{drain, eventfd, futex_wait, futex_wake, poll, poll_one, signal, wait_readable};
 pub use fdpass::{peer_process, recv_fds, send_fds};
 pub use proc::{open_process_fd, process_gone};
 pub use shm::{memfd, Mapping};

@@ -1,0 +1,218 @@
+//! How oxccl waits: one primitive for every thread that waits for work it
+//! cannot do itself.
+//!
+//! A waiter first *spins* ([`Spin`]): retrying costs far less than a
+//! wake-up when the data is microseconds away. The spin is pure for
+//! [`PURE_SPIN`] when this host has a core per rank, then yields (a peer
+//! sharing the core must run for the data to come), and ends after
+//! `OXCCL_SPIN_US`. Then the waiter *sleeps* on what can wake it —
+//! `poll(2)` on its links' fds (RDMA links too: their completions wake an
+//! fd), the engine's completion fd, the control connection and the abort
+//! eventfd; or a futex slice on a peer's phase counter in shared memory —
+//! and before every sleep looks, in one fixed order, at abort, the control
+//! plane gone while nothing moved ([`ORPHAN_IDLE`]) and the deadline
+//! ([`Sleep::look`]). A waiter that saw a link break waits a moment for
+//! the control plane to explain why ([`look_until`], [`EXPLAIN_WAIT`]).
+//!
+//! Users: the executor (every collective, its shared-memory `Sync`
+//! phases, one-sided reads), the point-to-point lane (a blocking caller's
+//! spin, explanations of broken links) and the failure plane (waiting for
+//! the root's verdict on a stall).
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long an idle waiter spins without yielding when it has a core.
+pub(crate) const PURE_SPIN: Duration = Duration::from_micros(2);
+
+/// How long a waiter whose control connection is gone may see no progress
+/// before it fails: without the root nobody relays another rank's failure
+/// or judges a stall. Long next to any healthy pause between two messages.
+pub(crate) const ORPHAN_IDLE: Duration = Duration::from_secs(2);
+
+/// How long a rank that saw a link break (or reported a stall) waits for
+/// the control plane to explain it before judging alone.
+pub(crate) const EXPLAIN_WAIT: Duration = Duration::from_millis(1500);
+
+/// The spinning half of a wait.
+#[derive(Debug)]
+pub(crate) struct Spin {
+    limit: Duration,
+    oversubscribed: bool,
+    idle_since: Option<Instant>,
+}
+
+impl Spin {
+    /// Spin for `limit` once idle; `oversubscribed`: more ranks than cores
+    /// on this host, so always yield.
+    pub(crate) fn new(limit: Duration, oversubscribed: bool) -> Spin {
+        Spin {
+            limit,
+            oversubscribed,
+            idle_since: None,
+        }
+    }
+
+    /// Something moved: the next idle turn starts a new spin.
+    pub(crate) fn moved(&mut self) {
+        self.idle_since = None;
+    }
+
+    /// One idle turn: spins (or yields) and returns true while the spin
+    /// time lasts; false once it is over (sleep now; the next idle turn
+    /// starts a new spin).
+    pub(crate) fn turn(&mut self) -> bool {
+        let since = *self.idle_since.get_or_insert_with(Instant::now);
+        let idle = since.elapsed();
+        if idle >= self.limit {
+            self.idle_since = None;
+            return false;
+        }
+        if !self.oversubscribed && idle < PURE_SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        true
+    }
+}
+
+/// Why a sleeping waiter must stop waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// `abort()` was called.
+    Aborted,
+    /// The control connection is gone and nothing moved for
+    /// [`ORPHAN_IDLE`].
+    Orphaned,
+    /// The deadline passed.
+    Deadline,
+}
+
+/// The sleeping half of a wait: from the first sleep after progress
+/// stopped until something moves again.
+#[derive(Debug)]
+pub(crate) struct Sleep {
+    since: Instant,
+    deadline: Instant,
+}
+
+impl Sleep {
+    /// A waiter that stops at `deadline`.
+    pub(crate) fn new(deadline: Instant) -> Sleep {
+        Sleep {
+            since: Instant::now(),
+            deadline,
+        }
+    }
+
+    /// The looks before each sleep, in order: abort, the control plane
+    /// gone (`orphaned`) for too long, the deadline. Either why to stop or
+    /// how long the next sleep may last (a sleep that can miss a wake-up,
+    /// e.g. on a phase counter, takes less).
+    pub(crate) fn look(&self, aborted: &AtomicBool, orphaned: bool) -> Result<Duration, Stop> {
+        if aborted.load(Ordering::Acquire) {
+            return Err(Stop::Aborted);
+        }
+        if orphaned && self.since.elapsed() >= ORPHAN_IDLE {
+            return Err(Stop::Orphaned);
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(Stop::Deadline);
+        }
+        Ok(match orphaned {
+            true => left.min(ORPHAN_IDLE),
+            false => left,
+        })
+    }
+}
+
+/// Look (`look`) until it answers or `until` passes; between looks,
+/// `pause(left)` sleeps at most `left` (e.g. in `poll(2)` on the control
+/// connection, which wakes it when a notice arrives). `look` breaks with
+/// its answer, or with `None` when no answer can come any more.
+pub(crate) fn look_until<T>(
+    until: Instant,
+    mut look: impl FnMut() -> ControlFlow<Option<T>>,
+    mut pause: impl FnMut(Duration),
+) -> Option<T> {
+    loop {
+        if let ControlFlow::Break(answer) = look() {
+            return answer;
+        }
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        pause(left);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spin_ends_after_its_limit_and_starts_again_after_progress() {
+        let mut s = Spin::new(Duration::from_millis(5), true);
+        let t = Instant::now();
+        while s.turn() {}
+        assert!(t.elapsed() >= Duration::from_millis(5));
+        // A new idle period spins again.
+        assert!(s.turn());
+        s.moved();
+        assert!(s.turn());
+        assert!(!Spin::new(Duration::ZERO, false).turn());
+    }
+
+    #[test]
+    fn looks_stop_for_abort_first_then_orphan_then_deadline() {
+        let aborted = AtomicBool::new(false);
+        let now = Instant::now();
+        let live = Sleep::new(now + Duration::from_secs(60));
+        let d = live.look(&aborted, false).unwrap();
+        assert!(d > Duration::from_secs(59));
+        // Orphaned but recent: sleep at most the orphan idle time.
+        assert_eq!(live.look(&aborted, true), Ok(ORPHAN_IDLE));
+        let old = Sleep {
+            since: now - ORPHAN_IDLE,
+            deadline: now,
+        };
+        assert_eq!(old.look(&aborted, false), Err(Stop::Deadline));
+        assert_eq!(old.look(&aborted, true), Err(Stop::Orphaned));
+        aborted.store(true, Ordering::Release);
+        assert_eq!(old.look(&aborted, true), Err(Stop::Aborted));
+        assert_eq!(live.look(&aborted, false), Err(Stop::Aborted));
+    }
+
+    #[test]
+    fn look_until_answers_gives_up_or_times_out() {
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut n = 0;
+        let pause = |_| {};
+        let r = look_until(
+            until,
+            || {
+                n += 1;
+                match n {
+                    3 => ControlFlow::Break(Some(n)),
+                    _ => ControlFlow::Continue(()),
+                }
+            },
+            pause,
+        );
+        assert_eq!(r, Some(3));
+        let r: Option<()> = look_until(until, || ControlFlow::Break(None), pause);
+        assert_eq!(r, None);
+        let t = Instant::now();
+        let r: Option<()> = look_until(
+            t + Duration::from_millis(20),
+            || ControlFlow::Continue(()),
+            |left| std::thread::sleep(left.min(Duration::from_millis(5))),
+        );
+        assert_eq!(r, None);
+        assert!(t.elapsed() >= Duration::from_millis(20));
+    }
+}
