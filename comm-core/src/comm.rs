@@ -29,6 +29,7 @@ use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
 use crate::work::{Work, Worker};
 use algorithms::{CollSpec, Tuning};
+use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -871,14 +872,28 @@ impl Inner {
         self.set_poison(e);
     }
 
-    /// A failure notice that arrived on the control connection, if the
-    /// connection is free to read (a running call reads it itself).
-    pub(crate) fn control_notice(&self) -> Option<Notice> {
-        let mut st = self.state.try_lock().ok()?;
+    /// A failure notice that arrived on the control connection (`Break(Some)`),
+    /// none and none to come because the root is gone (`Break(None)`), or
+    /// nothing yet (`Continue`; also while a running call holds the
+    /// connection: it reads it itself).
+    pub(crate) fn control_notice(&self) -> ControlFlow<Option<Notice>> {
+        let Ok(mut st) = self.state.try_lock() else {
+            return ControlFlow::Continue(());
+        };
         match st.control.poll() {
-            Some(bootstrap::ControlEvent::Notice(n)) => Some(n),
-            _ => None,
+            Some(bootstrap::ControlEvent::Notice(n)) => ControlFlow::Break(Some(n)),
+            // Everything the root sent before it went was read: no
+            // explanation can come any more.
+            Some(bootstrap::ControlEvent::RootGone) => ControlFlow::Break(None),
+            _ if st.control.is_gone() => ControlFlow::Break(None),
+            _ => ControlFlow::Continue(()),
         }
+    }
+
+    /// Whether this rank read the end of its control connection. Unknown
+    /// (false) while a running call holds it; that call judges for itself.
+    pub(crate) fn root_gone(&self) -> bool {
+        self.state.try_lock().is_ok_and(|st| st.control.is_gone())
     }
 
     fn wait_turn(&self, ticket: u64) -> Result<MutexGuard<'_, u64>> {

@@ -572,16 +572,9 @@ impl Core {
             Instant::now() + EXPLAIN_WAIT,
             || match inner.poisoned() {
                 Some(e) => ControlFlow::Break(Some(e)),
-                None => match inner.control_notice() {
-                    Some(n) => ControlFlow::Break(Some(failure::notice_to_error(
-                        n,
-                        self.me,
-                        &inner.peers,
-                        during,
-                        during,
-                    ))),
-                    None => ControlFlow::Continue(()),
-                },
+                None => inner.control_notice().map_break(|n| {
+                    n.map(|n| failure::notice_to_error(n, self.me, &inner.peers, during, during))
+                }),
             },
             // The control connection may be held by a collective: look
             // again soon rather than poll it.
@@ -601,7 +594,8 @@ impl Core {
             }
             _ => format!("{op_name} failed: {e}"),
         };
-        failure::closed_link(self.me, peer, &inner.peers, op_name, detail)
+        let root_gone = inner.root_gone();
+        failure::closed_link(self.me, peer, &inner.peers, root_gone, op_name, detail)
     }
 
     /// The head operation (`send`, `peer`) passed its deadline: report it

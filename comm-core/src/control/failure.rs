@@ -215,17 +215,38 @@ pub(crate) fn peer_lost(rank: usize, peers: &[PeerInfo], during: &str, detail: S
 }
 
 /// The error for a connection to `peer` that closed with no notice
-/// explaining why: `peer` lost — unless its process is seen alive while
-/// another rank's is seen gone (a rank that failed because of a death
-/// closes its links too; with the root gone, as when it lived in the dead
-/// process, no notice says so), then that rank.
+/// explaining why: `peer` lost — unless another rank ended first. A rank
+/// that failed because of a death closes its links too, so:
+///
+/// - `root_gone` (this rank read the end of its control connection, and
+///   with it everything the root sent) and a rank hosts the root: that
+///   rank's process ended (the root thread lives as long as it), and it
+///   ended first — a rank hosting the root that fails for another reason
+///   relays that reason before it may exit, and no notice came. Asked
+///   instead, a liveness probe can still see a killed process alive while
+///   the kernel closes its files one by one (seen across pretend hosts:
+///   its rescue port accepted after its data links had closed).
+/// - otherwise, a rank seen gone while `peer` is seen alive; or, `peer`
+///   gone too, the rank hosting the root seen gone.
 pub(crate) fn closed_link(
     me: usize,
     peer: usize,
     peers: &[PeerInfo],
+    root_gone: bool,
     during: &str,
     detail: String,
 ) -> Error {
+    if let Some(h) = root_host(peers, me).filter(|h| root_gone && h.rank != peer) {
+        return peer_lost(
+            h.rank,
+            peers,
+            during,
+            format!(
+                "its process ended, and the root it hosted with it, without relaying any failure \
+                 (rank {peer} closed its connection to this rank after: it failed because of this one)"
+            ),
+        );
+    }
     let alive = |r: usize| process_alive(&peers[me], &peers[r]);
     let dead = match alive(peer) {
         Some(true) => (0..peers.len())
@@ -311,5 +332,68 @@ pub(crate) fn notice_for(rank: usize, e: &Error) -> Option<Notice> {
             aborted: false,
             message: other.to_string(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranks on pretend hosts of their own (so liveness is probed through
+    /// rescue ports); `live` ranks have a listening rescue port, the others
+    /// a port nobody listens on.
+    fn table(
+        n: usize,
+        live: &[usize],
+        listeners: &mut Vec<std::net::TcpListener>,
+    ) -> Vec<PeerInfo> {
+        (0..n)
+            .map(|r| {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                let addr = l.local_addr().unwrap();
+                if live.contains(&r) {
+                    listeners.push(l);
+                }
+                PeerInfo {
+                    rank: r,
+                    hostname: format!("h{r}"),
+                    host_id: r as u64,
+                    pid: 0,
+                    addrs: vec![],
+                    rescue: Some(addr),
+                    hosts_root: r == 0,
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_gone_root_blames_its_host_even_while_it_looks_alive() {
+        let mut keep = Vec::new();
+        // Rank 0 hosts the root; every process still answers its probe, as
+        // a killed one does while the kernel closes its files.
+        let peers = table(4, &[0, 1, 2, 3], &mut keep);
+        let e = closed_link(3, 2, &peers, true, "all_reduce #7", "closed".into());
+        assert_eq!(e.blamed_rank(), Some(0), "{e}");
+        // With the root still there, the same closure blames the peer.
+        let e = closed_link(3, 2, &peers, false, "all_reduce #7", "closed".into());
+        assert_eq!(e.blamed_rank(), Some(2), "{e}");
+        // The root host's own link: the root host.
+        let e = closed_link(3, 0, &peers, true, "all_reduce #7", "closed".into());
+        assert_eq!(e.blamed_rank(), Some(0), "{e}");
+    }
+
+    #[test]
+    fn a_closed_link_from_a_live_peer_blames_the_rank_seen_gone() {
+        let mut keep = Vec::new();
+        // Rank 1 is gone (its port refuses); rank 2, alive, closed its link
+        // to rank 3 because of it.
+        let peers = table(4, &[0, 2, 3], &mut keep);
+        let e = closed_link(3, 2, &peers, false, "all_reduce #7", "closed".into());
+        assert_eq!(e.blamed_rank(), Some(1), "{e}");
+        // Rank 2 gone too, and the root host alive: rank 2 itself.
+        let peers = table(4, &[0, 3], &mut keep);
+        let e = closed_link(3, 2, &peers, false, "all_reduce #7", "closed".into());
+        assert_eq!(e.blamed_rank(), Some(2), "{e}");
     }
 }

@@ -125,9 +125,12 @@ impl CallCtx<'_> {
             until,
             || match self.control.poll() {
                 Some(ControlEvent::Notice(n)) => ControlFlow::Break(Some(n)),
-                Some(ControlEvent::RootGone | ControlEvent::Released(_)) | None => {
-                    ControlFlow::Continue(())
-                }
+                // Everything the root sent before it went was read: no
+                // explanation can come any more (a root hosted by a rank
+                // relays the first failure before that rank may exit).
+                Some(ControlEvent::RootGone) => ControlFlow::Break(None),
+                _ if self.control.is_gone() => ControlFlow::Break(None),
+                Some(ControlEvent::Released(_)) | None => ControlFlow::Continue(()),
             },
             |left| {
                 crate::sys::poll_one(fd, libc::POLLIN, left.min(Duration::from_millis(100)));
@@ -176,7 +179,8 @@ impl CallCtx<'_> {
             return e;
         }
         let during = self.during.to_string();
-        failure::closed_link(self.rank, peer, self.peers, &during, detail)
+        let root_gone = self.control.is_gone();
+        failure::closed_link(self.rank, peer, self.peers, root_gone, &during, detail)
     }
 
     /// A link call failed. `InvalidData` is the transport's verdict that the
