@@ -20,6 +20,8 @@
 //! reference): integers wrap on overflow; `Min`/`Max` on floats propagate NaN
 //! (if either input is NaN the result is NaN).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod halves;
 mod native;
 

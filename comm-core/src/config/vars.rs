@@ -67,6 +67,11 @@ pub const VARS: &[Var] = &[
         what: "bytes per pipelined chunk",
     },
     Var {
+        name: "OXCCL_CACHE_DIR",
+        kind: Kind::Text,
+        what: "folder for compiled CUDA kernels (default $XDG_CACHE_HOME/oxccl or ~/.cache/oxccl)",
+    },
+    Var {
         name: "OXCCL_CONNECT_TIMEOUT",
         kind: secs(100, Duration::from_secs(3600)),
         what: "how long a rank retries reaching the root before failing",
@@ -75,6 +80,11 @@ pub const VARS: &[Var] = &[
         name: "OXCCL_DEBUG",
         kind: Kind::Choice(&["off", "error", "warn", "info", "debug", "trace"]),
         what: "log level of oxccl's binaries",
+    },
+    Var {
+        name: "OXCCL_FAULT_SEEDS",
+        kind: Kind::Text,
+        what: "seeds the long fault harnesses replay, comma-separated (testing)",
     },
     Var {
         name: "OXCCL_FAULT_TRIALS",
@@ -141,6 +151,11 @@ pub const VARS: &[Var] = &[
         what: "TCP streams per peer",
     },
     Var {
+        name: "OXCCL_NVRTC",
+        kind: Kind::Text,
+        what: "path of libnvrtc.so.* to load (e.g. from the nvidia-cuda-nvrtc wheel)",
+    },
+    Var {
         name: "OXCCL_ONESHOT_BYTES",
         kind: Kind::Size {
             min: 0,
@@ -155,6 +170,11 @@ pub const VARS: &[Var] = &[
             max: MAX_RANKS - 1,
         },
         what: "this process's rank",
+    },
+    Var {
+        name: "OXCCL_REQUIRE_NVRTC",
+        kind: Kind::Choice(&["0", "1"]),
+        what: "1: the CUDA kernel tests fail instead of skipping without NVRTC (testing, CI)",
     },
     Var {
         name: "OXCCL_ROOT",
