@@ -65,7 +65,21 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_RANK", &["5", "-1", "x"]),
         ("OXCCL_WORLD_SIZE", &["0", "x", "99999999"]),
         ("OXCCL_LOCAL_RANK", &["x"]),
+        ("OXCCL_FAULT_TRIALS", &["0", "x"]),
+        ("OXCCL_FUZZ_ITERS", &["-1", "x"]),
+        ("OXCCL_REQUIRE_NVRTC", &["2", "yes"]),
+        ("OXCCL_REQUIRE_GPU", &["2"]),
     ];
+    // Every variable that can hold a bad value is tried (free text cannot).
+    for v in oxccl::vars::VARS {
+        if !matches!(v.kind, oxccl::vars::Kind::Text) {
+            assert!(
+                cases.iter().any(|(name, _)| *name == v.name),
+                "{} has no hostile values in this test",
+                v.name
+            );
+        }
+    }
     for (var, values) in cases {
         for value in *values {
             let (out, took) = one_rank(&[(var, value)]);

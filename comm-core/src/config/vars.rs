@@ -172,6 +172,11 @@ pub const VARS: &[Var] = &[
         what: "this process's rank",
     },
     Var {
+        name: "OXCCL_REQUIRE_GPU",
+        kind: Kind::Choice(&["0", "1"]),
+        what: "1: the CUDA device tests fail instead of skipping without a GPU (testing, scripts/gpu-check)",
+    },
+    Var {
         name: "OXCCL_REQUIRE_NVRTC",
         kind: Kind::Choice(&["0", "1"]),
         what: "1: the CUDA kernel tests fail instead of skipping without NVRTC (testing, CI)",

@@ -7,7 +7,8 @@
 struct OxDim {
     unsigned int x, y, z;
 };
-static OxDim threadIdx, blockIdx, blockDim, gridDim;
+// Per thread: tests launch from several threads at once.
+static thread_local OxDim threadIdx, blockIdx, blockDim, gridDim;
 
 struct uint4 {
     unsigned int x, y, z, w;
