@@ -149,56 +149,44 @@ OX_DEV u16 f32_to_f16(float f) {
 }
 
 // ---- fp8 ----
+// One pair of conversions for both formats: M mantissa bits, exponent
+// bias B; IEEE (e5m2) has infinities and NaNs at the top exponent, FN
+// (e4m3) only the NaN code 0x7f and finite values elsewhere.
 
-OX_DEV float e4m3_to_f32(u8 x) {
+template <u32 M, u32 B, bool IEEE> OX_DEV float fp8_to_f32(u8 x) {
+    const u32 emax = 0x7fu >> M;
     u32 s = (u32)(x & 0x80u) << 24;
-    u32 e = (x >> 3) & 0xfu;
-    u32 m = x & 0x7u;
-    if (e == 0xfu && m == 0x7u) return bits_f32(s | 0x7fc00000u);
-    if (e == 0) return bits_f32(f32_bits((float)m * 0.001953125f) | s); // m * 2^-9
-    return bits_f32(s | ((e + 120u) << 23) | (m << 20));
+    u32 e = (x & 0x7fu) >> M;
+    u32 m = x & ((1u << M) - 1u);
+    if (IEEE && e == emax) return bits_f32(s | 0x7f800000u | (m << (23 - M)) | (m ? 0x400000u : 0u));
+    if (!IEEE && (x & 0x7fu) == 0x7fu) return bits_f32(s | 0x7fc00000u);
+    if (e == 0) return bits_f32(f32_bits((float)m * bits_f32((128u - B - M) << 23)) | s); // m * 2^(1-B-M)
+    return bits_f32(s | ((e + 127u - B) << 23) | (m << (23 - M)));
 }
 
-OX_DEV u8 f32_to_e4m3(float f) {
+// Round to nearest even, saturating to MAXCODE (whose value has the f32
+// bits MAXF32), infinities included; NaN stays NaN (0x7f).
+template <u32 M, u32 B, u32 MAXF32, u8 MAXCODE> OX_DEV u8 f32_to_fp8(float f) {
     u32 b = f32_bits(f);
     u8 s = (u8)((b >> 24) & 0x80u);
     u32 a = b & 0x7fffffffu;
     if (a > 0x7f800000u) return (u8)(s | 0x7fu);
-    if (a > 0x43e00000u) return (u8)(s | 0x7eu); // > 448 (and infinity): saturate
-    if (a < 0x3c800000u) {                       // below 2^-6: subnormal
-        return (u8)(s | round_even(bits_f32(a) * 512.0f)); // * 2^9
+    if (a > MAXF32) return (u8)(s | MAXCODE);
+    if (a < ((128u - B) << 23)) { // below the smallest normal: subnormal
+        return (u8)(s | round_even(bits_f32(a) * bits_f32((126u + B + M) << 23))); // * 2^(B+M-1)
     }
-    u32 r = a - (120u << 23);
-    u32 rem = r & 0xfffffu;
-    r >>= 20;
-    if (rem > 0x80000u || (rem == 0x80000u && (r & 1u))) r += 1u;
+    u32 r = a - ((127u - B) << 23);
+    u32 rem = r & ((1u << (23 - M)) - 1u);
+    r >>= 23 - M;
+    const u32 half = 1u << (22 - M);
+    if (rem > half || (rem == half && (r & 1u))) r += 1u;
     return (u8)(s | r);
 }
 
-OX_DEV float e5m2_to_f32(u8 x) {
-    u32 s = (u32)(x & 0x80u) << 24;
-    u32 e = (x >> 2) & 0x1fu;
-    u32 m = x & 0x3u;
-    if (e == 0x1fu) return bits_f32(s | 0x7f800000u | (m << 21) | (m ? 0x400000u : 0u));
-    if (e == 0) return bits_f32(f32_bits((float)m * 1.52587890625e-5f) | s); // m * 2^-16
-    return bits_f32(s | ((e + 112u) << 23) | (m << 21));
-}
-
-OX_DEV u8 f32_to_e5m2(float f) {
-    u32 b = f32_bits(f);
-    u8 s = (u8)((b >> 24) & 0x80u);
-    u32 a = b & 0x7fffffffu;
-    if (a > 0x7f800000u) return (u8)(s | 0x7fu);
-    if (a > 0x47600000u) return (u8)(s | 0x7bu); // > 57344 (and infinity): saturate
-    if (a < 0x38800000u) {                       // below 2^-14: subnormal
-        return (u8)(s | round_even(bits_f32(a) * 65536.0f)); // * 2^16
-    }
-    u32 r = a - (112u << 23);
-    u32 rem = r & 0x1fffffu;
-    r >>= 21;
-    if (rem > 0x100000u || (rem == 0x100000u && (r & 1u))) r += 1u;
-    return (u8)(s | r);
-}
+OX_DEV float e4m3_to_f32(u8 x) { return fp8_to_f32<3, 7, false>(x); }
+OX_DEV u8 f32_to_e4m3(float f) { return f32_to_fp8<3, 7, 0x43e00000u, 0x7e>(f); } // 448
+OX_DEV float e5m2_to_f32(u8 x) { return fp8_to_f32<2, 15, true>(x); }
+OX_DEV u8 f32_to_e5m2(float f) { return f32_to_fp8<2, 15, 0x47600000u, 0x7b>(f); } // 57344
 
 // ---- element types: storage S, compute C, widen, narrow ----
 

@@ -229,15 +229,27 @@ pub trait Fp8 {
         if a > Self::decode(Self::MAX_CODE) {
             return sign | Self::MAX_CODE;
         }
+        let values = positive_values::<Self>();
         let mut best = 0u8;
         for c in 0..=Self::MAX_CODE {
-            let (d, db) = ((Self::decode(c) - a).abs(), (Self::decode(best) - a).abs());
+            let (d, db) = (
+                (values[c as usize] - a).abs(),
+                (values[best as usize] - a).abs(),
+            );
             if d < db || (d == db && c & 1 == 0 && best & 1 == 1) {
                 best = c;
             }
         }
         sign | best
     }
+}
+
+/// The values of a format's non-negative finite codes, decoded once.
+fn positive_values<F: Fp8 + ?Sized>() -> &'static [f64] {
+    static E4M3: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+    static E5M2: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
+    let cell = if F::INF { &E5M2 } else { &E4M3 };
+    cell.get_or_init(|| (0..=F::MAX_CODE).map(F::decode).collect())
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
