@@ -78,7 +78,7 @@ fn compiled_kernels_are_kept_in_the_cache_folder_and_read_back() {
     let _ = std::fs::remove_dir_all(&dir);
     // A source of its own, so no other test's compile sits in the memory cache.
     let src = format!("{}\n// cache test\n", cuda::SOURCE);
-    let first = cuda::compile_cached(&src, 80, Some(&dir)).unwrap();
+    let first = cuda::compile_cached(&src, 80, None, Some(&dir)).unwrap();
     let files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -96,17 +96,43 @@ fn compiled_kernels_are_kept_in_the_cache_folder_and_read_back() {
     let planted = "// planted PTX\n.entry ox_copy(\n";
     std::fs::write(dir.join(cuda::cache_file(&other, 90).unwrap()), planted).unwrap();
     assert_eq!(
-        &*cuda::compile_cached(&other, 90, Some(&dir)).unwrap(),
+        &*cuda::compile_cached(&other, 90, None, Some(&dir)).unwrap(),
         planted
     );
     // A file that is not PTX is compiled over.
     let third = format!("{}\n// damaged\n", cuda::SOURCE);
     let f = dir.join(cuda::cache_file(&third, 90).unwrap());
     std::fs::write(&f, "garbage").unwrap();
-    let ptx = cuda::compile_cached(&third, 90, Some(&dir)).unwrap();
+    let ptx = cuda::compile_cached(&third, 90, None, Some(&dir)).unwrap();
     assert!(ptx.contains(".entry ox_copy("));
     assert_eq!(std::fs::read_to_string(&f).unwrap(), *ptx);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn one_dtype_s_kernels_compile_alone_and_faster() {
+    if !nvrtc() {
+        return;
+    }
+    let t = std::time::Instant::now();
+    let all = cuda::compile(cuda::SOURCE, 90).unwrap();
+    let whole = t.elapsed();
+    let t = std::time::Instant::now();
+    let one = cuda::ptx_for(cuda::Dtype::Bf16, 90).unwrap();
+    let single = t.elapsed();
+    for op in cuda::DeviceOp::ALL {
+        assert!(one.contains(&format!(
+            ".entry {}(",
+            cuda::kernel_name(cuda::Dtype::Bf16, op)
+        )));
+        assert!(!one.contains(&format!(
+            ".entry {}(",
+            cuda::kernel_name(cuda::Dtype::F32, op)
+        )));
+    }
+    assert!(one.contains(".entry ox_copy("));
+    assert!(one.len() * 4 < all.len());
+    eprintln!("compute_90: every kernel in {whole:.1?}, bf16's alone in {single:.1?}");
 }
 
 /// Without the CUDA driver (this machine has none), asking for it is an

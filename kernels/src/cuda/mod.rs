@@ -87,6 +87,11 @@ impl Dtype {
         }
     }
 
+    /// Its place in [`Dtype::ALL`] (`OX_ONLY_DTYPE` in the source).
+    pub fn index(self) -> usize {
+        Dtype::ALL.iter().position(|d| *d == self).unwrap()
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
@@ -351,20 +356,30 @@ pub fn nvrtc_version() -> Result<(u32, u32), CudaError> {
 /// The options every kernel is compiled with: no fused multiply-adds
 /// (PreMulSum must round its product, as the host does); IEEE division
 /// and no flushing of subnormals are NVRTC's defaults, stated anyway.
-fn options(arch: u32) -> Vec<String> {
-    vec![
+fn options(arch: u32, only: Option<Dtype>) -> Vec<String> {
+    let mut v = vec![
         format!("--gpu-architecture=compute_{arch}"),
         "--fmad=false".into(),
         "--ftz=false".into(),
         "--prec-div=true".into(),
         "--std=c++17".into(),
-    ]
+    ];
+    if let Some(d) = only {
+        v.push(format!("-DOX_ONLY_DTYPE={}", d.index()));
+    }
+    v
 }
 
-/// The PTX of oxccl's kernels for `compute_<arch>` (e.g. 90 for sm_90),
+/// The PTX of every kernel for `compute_<arch>` (e.g. 90 for sm_90),
 /// compiled at first use and cached in memory and in [`cache_dir`].
 pub fn ptx(arch: u32) -> Result<Arc<str>, CudaError> {
-    compile_cached(SOURCE, arch, cache_dir().as_deref())
+    compile_cached(SOURCE, arch, None, cache_dir().as_deref())
+}
+
+/// The PTX of `dtype`'s kernels and the copy kernel only (what one call
+/// needs; a fraction of [`ptx`]'s compile time), cached the same way.
+pub fn ptx_for(dtype: Dtype, arch: u32) -> Result<Arc<str>, CudaError> {
+    compile_cached(SOURCE, arch, Some(dtype), cache_dir().as_deref())
 }
 
 /// Where compiled kernels are kept: `OXCCL_CACHE_DIR`, else
@@ -398,9 +413,14 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 /// `src` compiled for `compute_<arch>`, from the memory cache, else from
 /// `dir`'s cache file, else by NVRTC (then written to `dir`; a cache that
 /// cannot be written only costs the next process a compile).
-pub fn compile_cached(src: &str, arch: u32, dir: Option<&Path>) -> Result<Arc<str>, CudaError> {
+pub fn compile_cached(
+    src: &str,
+    arch: u32,
+    only: Option<Dtype>,
+    dir: Option<&Path>,
+) -> Result<Arc<str>, CudaError> {
     static MEMORY: OnceLock<Mutex<PtxCache>> = OnceLock::new();
-    let key = cache_key(src, arch)?;
+    let key = cache_key(src, arch, only)?;
     let memory = MEMORY.get_or_init(Default::default);
     if let Some(p) = memory.lock().unwrap().get(&(key, arch)) {
         return Ok(p.clone());
@@ -413,7 +433,7 @@ pub fn compile_cached(src: &str, arch: u32, dir: Option<&Path>) -> Result<Arc<st
     let ptx: Arc<str> = match cached {
         Some(p) => p.into(),
         None => {
-            let p = compile(src, arch)?;
+            let p = compile_with(src, arch, only)?;
             if let (Some(d), Some(f)) = (dir, &file) {
                 let tmp = d.join(format!(
                     ".oxccl-kernels-{key:016x}-{}.tmp",
@@ -438,9 +458,9 @@ type PtxCache = HashMap<(u64, u32), Arc<str>>;
 
 /// What a compile depends on: the source, the options (the architecture
 /// among them) and NVRTC's version.
-fn cache_key(src: &str, arch: u32) -> Result<u64, CudaError> {
+fn cache_key(src: &str, arch: u32, only: Option<Dtype>) -> Result<u64, CudaError> {
     let (major, minor) = nvrtc_version()?;
-    let opts = options(arch).join(" ");
+    let opts = options(arch, only).join(" ");
     let version = format!("{major}.{minor}");
     Ok(fnv1a(&[
         src.as_bytes(),
@@ -455,14 +475,18 @@ fn cache_file_name(key: u64, arch: u32) -> String {
 
 /// The name of `src`'s cache file for `compute_<arch>` (in [`cache_dir`]).
 pub fn cache_file(src: &str, arch: u32) -> Result<String, CudaError> {
-    Ok(cache_file_name(cache_key(src, arch)?, arch))
+    Ok(cache_file_name(cache_key(src, arch, None)?, arch))
 }
 
 /// `src` compiled by NVRTC for `compute_<arch>`, uncached.
 pub fn compile(src: &str, arch: u32) -> Result<String, CudaError> {
+    compile_with(src, arch, None)
+}
+
+fn compile_with(src: &str, arch: u32, only: Option<Dtype>) -> Result<String, CudaError> {
     nvrtc_present()?;
     let opts = cudarc::nvrtc::CompileOptions {
-        options: options(arch),
+        options: options(arch, only),
         name: Some("oxccl_reduce.cu".into()),
         ..Default::default()
     };
@@ -524,6 +548,19 @@ mod tests {
         assert_eq!(names.len(), 1 + 12 * 5);
         for t in Dtype::ALL {
             assert!(SOURCE.contains(&format!("OX_KERNELS({}, {})", kernel_type(t), t.name())));
+        }
+    }
+
+    #[test]
+    fn each_dtype_s_guard_in_the_source_has_its_index() {
+        for t in Dtype::ALL {
+            let guarded = format!(
+                "#if OX_WANT({})\nOX_KERNELS({}, {})",
+                t.index(),
+                kernel_type(t),
+                t.name()
+            );
+            assert!(SOURCE.contains(&guarded), "{guarded}");
         }
     }
 
