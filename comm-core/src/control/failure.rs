@@ -236,16 +236,15 @@ pub(crate) fn closed_link(
     during: &str,
     detail: String,
 ) -> Error {
-    if let Some(h) = root_host(peers, me).filter(|h| root_gone && h.rank != peer) {
-        return peer_lost(
-            h.rank,
-            peers,
-            during,
-            format!(
+    if let Some(h) = root_host(peers, me).filter(|_| root_gone) {
+        let detail = match h.rank == peer {
+            true => format!("{detail}; the root it hosted went with it, without relaying any failure"),
+            false => format!(
                 "its process ended, and the root it hosted with it, without relaying any failure \
                  (rank {peer} closed its connection to this rank after: it failed because of this one)"
             ),
-        );
+        };
+        return peer_lost(h.rank, peers, during, detail);
     }
     let alive = |r: usize| process_alive(&peers[me], &peers[r]);
     let dead = match alive(peer) {
@@ -378,7 +377,10 @@ mod tests {
         // With the root still there, the same closure blames the peer.
         let e = closed_link(3, 2, &peers, false, "all_reduce #7", "closed".into());
         assert_eq!(e.blamed_rank(), Some(2), "{e}");
-        // The root host's own link: the root host.
+        // The root host's own link: the root host, even while a rank that
+        // failed because of it is already gone (here rank 1) and the root
+        // host still looks alive.
+        let peers = table(4, &[0, 2, 3], &mut keep);
         let e = closed_link(3, 0, &peers, true, "all_reduce #7", "closed".into());
         assert_eq!(e.blamed_rank(), Some(0), "{e}");
     }
