@@ -21,7 +21,7 @@
 //! a missing dependency shows up as a difference.
 
 use crate::algorithm::Algorithm;
-use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH};
+use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH, STAGE};
 use crate::spec::{Access, CollSpec, Kind};
 use std::collections::{HashMap, HashSet};
 
@@ -34,6 +34,8 @@ pub const MEM_IN: u32 = 0;
 pub const MEM_OUT: u32 = 1;
 pub const MEM_SCRATCH: u32 = 2;
 pub const MEM_P2P: u32 = 3;
+/// The host staging memory of staged schedules.
+pub const MEM_STAGE: u32 = u32::MAX - 1;
 
 /// One rank's memories and where each buffer id lies in them.
 #[derive(Clone, Debug, Default)]
@@ -56,12 +58,14 @@ fn leaves_of(r: usize, len: usize) -> Vec<Val> {
 
 impl Setup {
     /// Rank `spec.rank`'s memory for a collective, in or out of place.
-    pub fn for_spec(spec: &CollSpec, scratch: usize) -> Setup {
+    pub fn for_spec(spec: &CollSpec, sched: &Schedule) -> Setup {
         let r = spec.rank;
         let (ilen, olen) = (spec.input_len(), spec.output_len());
         let mut s = Setup::default();
-        s.mems.insert(MEM_SCRATCH, vec![None; scratch]);
+        s.mems.insert(MEM_SCRATCH, vec![None; sched.scratch]);
         s.layout.insert(SCRATCH, (MEM_SCRATCH, 0));
+        s.mems.insert(MEM_STAGE, vec![None; sched.stage]);
+        s.layout.insert(STAGE, (MEM_STAGE, 0));
         if !spec.in_place {
             s.mems.insert(MEM_IN, leaves_of(r, ilen));
             s.mems.insert(MEM_OUT, vec![None; olen]);
@@ -331,6 +335,17 @@ pub fn simulate(
                             .map_err(|e| ctx(&e))?;
                         true
                     }
+                    Action::Reduce { dst, a, b } => {
+                        let va = ranks[r].mem.read(a).map_err(|e| ctx(&e))?;
+                        let vb = ranks[r].mem.read(b).map_err(|e| ctx(&e))?;
+                        if va.len() != dst.len || vb.len() != dst.len {
+                            return Err(ctx("operands differ in length"));
+                        }
+                        let out = combine(&[va, vb]).map_err(|e| ctx(&e))?;
+                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
                     Action::Divide { dst } => {
                         let v = ranks[r].mem.read(dst).map_err(|e| ctx(&e))?;
                         let out = v
@@ -586,7 +601,7 @@ pub fn check_algorithm(alg: &dyn Algorithm, spec: &CollSpec) -> Result<(), Strin
 pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), String> {
     let n = spec.nranks;
     let setups: Vec<Setup> = (0..n)
-        .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, scheds[rank].scratch))
+        .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, &scheds[rank]))
         .collect();
     let runs = simulate_runs(scheds, &setups, spec.kind == Kind::Barrier)?;
     let count = spec.count;

@@ -22,10 +22,12 @@ pub mod pairwise;
 pub mod ring;
 pub mod schedule;
 pub mod spec;
+pub mod staged;
 
 pub use algorithm::{choose, find, names, Algorithm, REGISTRY};
 pub use p2p::{p2p, P2pStep};
 pub use schedule::{
-    chunks, seg_len, seg_off, Action, BufId, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH,
+    chunks, seg_len, seg_off, Action, BufId, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH, STAGE,
 };
 pub use spec::{Access, CollSpec, Kind, Tuning};
+pub use staged::staged;

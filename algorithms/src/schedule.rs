@@ -19,8 +19,12 @@ pub type BufId = u16;
 pub const INPUT: BufId = 0;
 /// The caller's receive buffer.
 pub const OUTPUT: BufId = 1;
-/// Executor-owned temporary memory of `Schedule::scratch` elements.
+/// Executor-owned temporary memory of `Schedule::scratch` elements, in the
+/// memory space of the call's buffers (device memory for a device call).
 pub const SCRATCH: BufId = u16::MAX;
+/// Executor-owned host memory of `Schedule::stage` elements that messages
+/// of a staged schedule travel through ([`crate::staged`]).
+pub const STAGE: BufId = u16::MAX - 1;
 
 /// A span of elements in one buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +54,9 @@ pub enum Action {
     Copy { src: Span, dst: Span },
     /// Divide `dst` by the rank count (the end of `Avg`).
     Divide { dst: Span },
+    /// `dst = a op b` locally (`dst` may be `a` or `b`): the reduction of a
+    /// staged receive-reduce, `a` the message, `b` the original `with`.
+    Reduce { dst: Span, a: Span, b: Span },
     /// `dst = src_0 op src_1 op .. op src_{n-1}`, combined in rank order,
     /// where `src_me` is `input` and every other `src_k` is the `dst.len`
     /// elements at `slots.off + k * dst.len` of `slots.buf`. Every rank that
@@ -99,6 +106,8 @@ pub struct Schedule {
     pub steps: Vec<Step>,
     /// Elements of scratch memory the schedule uses.
     pub scratch: usize,
+    /// Elements of host staging memory ([`STAGE`]) it uses.
+    pub stage: usize,
 }
 
 impl Schedule {
