@@ -188,9 +188,8 @@ mod tests {
                         let scheds: Vec<Schedule> = (0..n)
                             .map(|r| staged(&alg.build(&crate::CollSpec { rank: r, ..spec })))
                             .collect();
-                        check_schedules(&spec, &scheds).unwrap_or_else(|e| {
-                            panic!("{} staged, {spec:?}: {e}", alg.name())
-                        });
+                        check_schedules(&spec, &scheds)
+                            .unwrap_or_else(|e| panic!("{} staged, {spec:?}: {e}", alg.name()));
                         checked += 1;
                     }
                 }
@@ -249,7 +248,10 @@ mod tests {
             };
             if let Some(w) = written.filter(|w| slot(*w)) {
                 if let Some(r) = last_reader.get(&(w.buf, w.off)) {
-                    assert!(depends(i, *r), "step {i} rewrites slot {w:?} before step {r} read it");
+                    assert!(
+                        depends(i, *r),
+                        "step {i} rewrites slot {w:?} before step {r} read it"
+                    );
                     reused += 1;
                 }
             }

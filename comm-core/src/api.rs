@@ -106,7 +106,11 @@ pub(crate) fn run_coll(
         elem_size: c.dtype.size(),
         direct,
     };
-    let plan = st.schedule(&spec, inner.config.algo.as_deref(), &inner.tuning())?;
+    // Links move host bytes: a call on memory the CPU cannot touch sends
+    // and receives through host staging slots (direct calls never do).
+    let staged =
+        direct.is_none() && (inner.config.stage_always || passed().any(|r| !r.space.is_host()));
+    let plan = st.schedule(&spec, staged, inner.config.algo.as_deref(), &inner.tuning())?;
     inner.last_algorithm.store(
         plan.index.wrapping_add(1),
         std::sync::atomic::Ordering::Relaxed,

@@ -111,7 +111,7 @@ pub(crate) struct State {
     /// When the control connection was last read between calls.
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
-    schedules: Vec<(CollSpec, Planned)>,
+    schedules: Vec<((CollSpec, bool), Planned)>,
 }
 
 /// Schedules kept per communicator.
@@ -138,12 +138,14 @@ impl State {
     pub(crate) fn schedule(
         &mut self,
         spec: &CollSpec,
+        staged: bool,
         forced: Option<&str>,
         tuning: &Tuning,
     ) -> Result<Planned> {
+        let key = (*spec, staged);
         // Most recent last; a repeated call (the common case) finds itself
         // there and moves nothing.
-        if let Some(i) = self.schedules.iter().rposition(|(k, _)| k == spec) {
+        if let Some(i) = self.schedules.iter().rposition(|(k, _)| *k == key) {
             if i + 1 < self.schedules.len() {
                 let hit = self.schedules.remove(i);
                 self.schedules.push(hit);
@@ -164,12 +166,16 @@ impl State {
                     direct: None,
                     ..*spec
                 });
+            let sched = match staged {
+                true => algorithms::staged(&alg.build(spec)),
+                false => alg.build(spec),
+            };
             let planned = Planned {
                 index,
-                sched: Arc::new(alg.build(spec)),
+                sched: Arc::new(sched),
                 direct,
             };
-            self.schedules.push((*spec, planned));
+            self.schedules.push((key, planned));
         }
         Ok(self.schedules.last().unwrap().1.clone())
     }

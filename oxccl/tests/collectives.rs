@@ -99,3 +99,29 @@ fn mixed_5_ranks() {
 fn mixed_8_ranks() {
     mixed(8)
 }
+
+/// The matrix again with every message staged through host slots, the path
+/// calls on device memory take (here the host engine fills and drains the
+/// slots; on a GPU the device engine does).
+fn staged(n: usize, mixed: bool) {
+    let cfg = |r: usize| oxccl::Config {
+        stage_always: true,
+        ..match mixed {
+            true => host_config(r % 2),
+            false => test_config(),
+        }
+    };
+    check(with_rank_configs(n, cfg, |comm| {
+        run_matrix(&comm, &standard_counts(n))
+    }));
+}
+
+#[test]
+fn staged_shm_3_ranks() {
+    staged(3, false)
+}
+
+#[test]
+fn staged_mixed_4_ranks() {
+    staged(4, true)
+}

@@ -69,6 +69,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_FUZZ_ITERS", &["-1", "x"]),
         ("OXCCL_REQUIRE_NVRTC", &["2", "yes"]),
         ("OXCCL_REQUIRE_GPU", &["2"]),
+        ("OXCCL_STAGING", &["never"]),
     ];
     // Every variable that can hold a bad value is tried (free text cannot).
     for v in oxccl::vars::VARS {

@@ -51,9 +51,26 @@ pub trait Compute: Send {
     fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending>;
     /// Whether `work` completed; its failure is returned here.
     fn poll(&mut self, work: Pending) -> Result<bool>;
-    /// An fd that becomes readable when started work may have completed;
+    /// Called before the executor sleeps with work of this engine in
+    /// flight: an fd that becomes readable once the work started so far
+    /// may have completed (an engine may arrange that wake-up only now,
+    /// keeping it off the path of work that completes while polled);
     /// `None` when every piece of work completes before it is returned.
-    fn completion_fd(&self) -> Option<RawFd> {
-        None
+    fn completion_fd(&mut self) -> Result<Option<RawFd>> {
+        Ok(None)
+    }
+    /// At least `bytes` of this engine's own memory for a call's scratch,
+    /// kept and reused between calls; `None`: host memory of the caller's
+    /// will do (the host engine).
+    fn workspace(&mut self, bytes: usize) -> Result<Option<Region>> {
+        let _ = bytes;
+        Ok(None)
+    }
+    /// At least `bytes` of host memory that messages of a staged call pass
+    /// through, the kind this engine copies to and from fastest (pinned,
+    /// for a device); `None`: plain host memory will do.
+    fn staging(&mut self, bytes: usize) -> Result<Option<Region>> {
+        let _ = bytes;
+        Ok(None)
     }
 }

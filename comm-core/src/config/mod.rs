@@ -50,6 +50,10 @@ pub struct Config {
     /// Largest all-reduce (bytes per rank) that uses the one-shot algorithm
     /// when no algorithm is forced (`OXCCL_ONESHOT_BYTES`).
     pub oneshot_bytes: usize,
+    /// Stage every call's messages through host slots, as calls on device
+    /// memory are (`OXCCL_STAGING=always`; default `auto`: only those).
+    /// Ranks need not agree: staging changes no message.
+    pub stage_always: bool,
 }
 
 impl Default for Config {
@@ -66,6 +70,7 @@ impl Default for Config {
             host_id: None,
             algo: None,
             oneshot_bytes: 16 << 10,
+            stage_always: false,
         }
     }
 }
@@ -101,6 +106,7 @@ impl Config {
         if let Some(b) = vars::size("OXCCL_ONESHOT_BYTES")? {
             c.oneshot_bytes = b;
         }
+        c.stage_always = vars::choice("OXCCL_STAGING")? == Some("always");
         c.transport = vars::choice("OXCCL_TRANSPORT")?
             .filter(|t| *t != "auto")
             .map(String::from);

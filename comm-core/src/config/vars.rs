@@ -221,6 +221,11 @@ pub const VARS: &[Var] = &[
         what: "how long a waiting call spins before sleeping",
     },
     Var {
+        name: "OXCCL_STAGING",
+        kind: Kind::Choice(&["auto", "always"]),
+        what: "staging of messages through host slots: auto (device buffers), always (every call; tests the device path on host memory)",
+    },
+    Var {
         name: "OXCCL_TIMEOUT",
         kind: secs(1, MAX_DURATION),
         what: "deadline of every wait",

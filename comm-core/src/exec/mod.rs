@@ -35,7 +35,7 @@ use crate::bootstrap::ControlEvent;
 use crate::compute::{Compute, HostCompute, Pending};
 use crate::error::{Error, Result};
 use crate::mem::Region;
-use crate::schedule::{Action, Schedule, Span, SCRATCH};
+use crate::schedule::{Action, Schedule, Span, SCRATCH, STAGE};
 use crate::transport::{Link, Registration, Registry};
 use crate::wait::{Sleep, Spin, Stop};
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
@@ -52,10 +52,15 @@ pub struct Net {
     pub links: Vec<Option<Box<dyn Link>>>,
     staging: Vec<Vec<u64>>,
     scratch: Vec<u64>,
+    /// Host staging memory of staged schedules ([`STAGE`]) when the
+    /// call's engine offers none of its own.
+    stage: Vec<u64>,
     pollfds: Vec<libc::pollfd>,
     work: Work,
-    /// The engine of local work (host today; a device engine per device).
-    compute: Box<dyn Compute>,
+    /// The engines of local work: the host engine first, then any added
+    /// for memory it cannot reach (a CUDA engine per device). A call runs
+    /// on the first that reaches all its buffers.
+    engines: Vec<Box<dyn Compute>>,
     /// Where scratch memory must be registered to receive one-sided reads
     /// (the registry of the transport serving direct access, when it is
     /// one-sided), and that registration.
@@ -97,9 +102,10 @@ impl Net {
             links,
             staging: (0..n * MAX_STREAMS).map(|_| Vec::new()).collect(),
             scratch: Vec::new(),
+            stage: Vec::new(),
             pollfds: Vec::new(),
             work: Work::default(),
-            compute: Box::new(HostCompute::new()),
+            engines: vec![Box::new(HostCompute::new())],
             scratch_registry: None,
             scratch_reg: None,
         }
@@ -130,13 +136,46 @@ impl Net {
         ))
     }
 
-    /// `dst = src` on this rank's compute engine, to completion.
-    pub fn local_copy(&mut self, dst: Region, src: Region) -> Result<()> {
-        let p = self.compute.copy(dst, src)?;
-        while !self.compute.poll(p)? {
-            std::thread::yield_now();
+    /// Add an engine for memory the earlier ones cannot reach.
+    pub fn add_engine(&mut self, engine: Box<dyn Compute>) {
+        self.engines.push(engine);
+    }
+
+    /// The engine of a call on `bufs`: the first that reaches every
+    /// buffer holding bytes.
+    fn engine_for(&self, bufs: &[Region]) -> Result<usize> {
+        let reaches = |e: &dyn Compute| bufs.iter().all(|b| b.len == 0 || e.reaches(b.space));
+        if let Some(i) = self.engines.iter().position(|e| reaches(e.as_ref())) {
+            return Ok(i);
         }
-        Ok(())
+        let what = bufs
+            .iter()
+            .filter(|b| b.len > 0)
+            .map(|b| format!("{} bytes of {}", b.len, b.space))
+            .collect::<Vec<_>>()
+            .join(" and ");
+        let names = self
+            .engines
+            .iter()
+            .map(|e| e.name())
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(Error::Unsupported(format!(
+            "no compute engine of this communicator reaches all of {what} (engines: {names}; device memory needs a device engine added, e.g. oxccl's cuda feature)"
+        )))
+    }
+
+    /// At least `bytes` of host staging memory for the call's engine.
+    fn stage_of(&mut self, engine: usize, bytes: usize) -> Result<Region> {
+        if let Some(r) = self.engines[engine].staging(bytes)? {
+            return Ok(r);
+        }
+        if self.stage.len() * 8 < bytes {
+            self.stage.resize(bytes.div_ceil(8), 0);
+        }
+        Ok(Region::host_mut(
+            &mut crate::types::as_bytes_mut(&mut self.stage[..])[..bytes],
+        ))
     }
 
     /// Close every link (used on poison and drop).
@@ -161,13 +200,21 @@ struct Chan {
     r_hdr: [u8; HEADER_LEN],
 }
 
-/// The memory of `sp`: a caller buffer or the scratch area. Spans outside
+/// The executor-owned memory of a call: scratch (in the engine's space)
+/// and host staging.
+#[derive(Clone, Copy)]
+struct Owned {
+    scratch: Region,
+    stage: Region,
+}
+
+/// The memory of `sp`: a caller buffer, scratch or staging. Spans outside
 /// their buffer are a schedule bug: they panic rather than touch memory.
-fn region(bufs: &[Region], scratch: Region, sp: Span, es: usize) -> Region {
-    let base = if sp.buf == SCRATCH {
-        scratch
-    } else {
-        bufs[sp.buf as usize]
+fn region(bufs: &[Region], own: Owned, sp: Span, es: usize) -> Region {
+    let base = match sp.buf {
+        SCRATCH => own.scratch,
+        STAGE => own.stage,
+        b => bufs[b as usize],
     };
     base.sub(sp.off * es, sp.len * es)
 }
@@ -181,18 +228,9 @@ pub(crate) fn execute(
     net: &mut Net,
     cx: &mut CallCtx<'_>,
 ) -> Result<()> {
-    for b in bufs {
-        if b.len > 0 && !net.compute.reaches(b.space) {
-            return Err(Error::Unsupported(format!(
-                "{} of {} bytes: the {} compute engine cannot reach it, and this build has no engine that can (device memory needs the cuda feature)",
-                b.space,
-                b.len,
-                net.compute.name()
-            )));
-        }
-    }
+    let engine = net.engine_for(bufs)?;
     let mut w = std::mem::take(&mut net.work);
-    let r = execute_with(sched, bufs, net, cx, &mut w);
+    let r = execute_with(sched, bufs, net, engine, cx, &mut w);
     net.work = w;
     r
 }
@@ -201,6 +239,7 @@ fn execute_with(
     sched: &Schedule,
     bufs: &[Region],
     net: &mut Net,
+    engine: usize,
     cx: &mut CallCtx<'_>,
     w: &mut Work,
 ) -> Result<()> {
@@ -209,9 +248,15 @@ fn execute_with(
     if nsteps == 0 {
         return Ok(());
     }
-    // Scratch memory (u64 keeps every element type aligned), registered
-    // when one-sided reads may land in it.
-    let scratch = net.scratch_of(sched.scratch * es, cx.direct.is_some())?;
+    // Scratch memory in the engine's space (on the host: u64 keeps every
+    // element type aligned, registered when one-sided reads may land in
+    // it), and host staging for staged schedules.
+    let scratch = match net.engines[engine].workspace(sched.scratch * es)? {
+        Some(r) => r,
+        None => net.scratch_of(sched.scratch * es, cx.direct.is_some())?,
+    };
+    let stage = net.stage_of(engine, sched.stage * es)?;
+    let own = Owned { scratch, stage };
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -241,7 +286,7 @@ fn execute_with(
         remote,
         started,
     } = w;
-    let compute = &mut net.compute;
+    let compute = &mut net.engines[engine];
     for (i, st) in sched.steps.iter().enumerate() {
         let Some((peer, is_send)) = st.action.message_peer() else {
             locals.push(i as u32);
@@ -390,12 +435,17 @@ fn execute_with(
                 continue;
             }
             let pending = match sched.steps[iu].action {
-                Action::Copy { src, dst } => compute.copy(
-                    region(bufs, scratch, dst, es),
-                    region(bufs, scratch, src, es),
-                )?,
+                Action::Copy { src, dst } => {
+                    compute.copy(region(bufs, own, dst, es), region(bufs, own, src, es))?
+                }
                 Action::Divide { dst } => {
-                    compute.divide(cx.dtype, region(bufs, scratch, dst, es), cx.nranks)?
+                    compute.divide(cx.dtype, region(bufs, own, dst, es), cx.nranks)?
+                }
+                Action::Reduce { dst, a, b } => {
+                    srcs.clear();
+                    srcs.push(region(bufs, own, a, es));
+                    srcs.push(region(bufs, own, b, es));
+                    compute.reduce(cx.dtype, cx.op, region(bufs, own, dst, es), srcs)?
                 }
                 Action::Combine {
                     dst,
@@ -410,13 +460,13 @@ fn execute_with(
                         } else {
                             Span::new(slots.buf, slots.off + k * dst.len, dst.len)
                         };
-                        srcs.push(region(bufs, scratch, sp, es));
+                        srcs.push(region(bufs, own, sp, es));
                     }
-                    compute.reduce(cx.dtype, cx.op, region(bufs, scratch, dst, es), srcs)?
+                    compute.reduce(cx.dtype, cx.op, region(bufs, own, dst, es), srcs)?
                 }
                 Action::ReduceFrom { dst, src } => {
                     let dx = direct_ctx(cx)?;
-                    let mine = region(bufs, scratch, src, es);
+                    let mine = region(bufs, own, src, es);
                     srcs.clear();
                     for k in 0..cx.nranks {
                         match dx.peer_span(src.buf, mine, k)? {
@@ -429,12 +479,12 @@ fn execute_with(
                             }
                         }
                     }
-                    compute.reduce(cx.dtype, cx.op, region(bufs, scratch, dst, es), srcs)?
+                    compute.reduce(cx.dtype, cx.op, region(bufs, own, dst, es), srcs)?
                 }
                 Action::CopyFrom { peer, src, dst } => {
                     let dx = direct_ctx(cx)?;
-                    let to = region(bufs, scratch, dst, es);
-                    match dx.peer_span(src.buf, region(bufs, scratch, src, es), peer)? {
+                    let to = region(bufs, own, dst, es);
+                    match dx.peer_span(src.buf, region(bufs, own, src, es), peer)? {
                         PeerSpan::Mapped(from) => compute.copy(to, from)?,
                         PeerSpan::Remote(from) => {
                             let Some(os) = net.links[peer].as_mut().and_then(|l| l.one_sided())
@@ -512,7 +562,7 @@ fn execute_with(
                 let Action::Send { src, .. } = sched.steps[i as usize].action else {
                     unreachable!()
                 };
-                let r = region(bufs, scratch, src, es);
+                let r = region(bufs, own, src, es);
                 let (p, n) = (r.ptr(), r.len);
                 if ch.s_off == 0 {
                     ch.s_hdr = cx.header(msg_of[i as usize], n);
@@ -566,7 +616,7 @@ fn execute_with(
                     Action::RecvReduce { dst, with, .. } => (dst, Some(with)),
                     _ => unreachable!(),
                 };
-                let dreg = region(bufs, scratch, dst, es);
+                let dreg = region(bufs, own, dst, es);
                 let (dptr, n) = (dreg.ptr(), dreg.len);
                 // Reductions land in a staging slot first; plain receives go
                 // straight into the destination.
@@ -625,7 +675,7 @@ fn execute_with(
                                 // so the engine must finish before then (the
                                 // host engine always has).
                                 srcs.clear();
-                                srcs.push(region(bufs, scratch, with, es));
+                                srcs.push(region(bufs, own, with, es));
                                 srcs.push(Region::host(
                                     // SAFETY: the staging slot holds n bytes.
                                     unsafe { std::slice::from_raw_parts(target, n) },
@@ -679,7 +729,10 @@ fn execute_with(
                 compute: !inflight.is_empty(),
                 remote,
             };
-            let compute_fd = compute.completion_fd();
+            let compute_fd = match inflight.is_empty() {
+                true => None,
+                false => compute.completion_fd()?,
+            };
             wait(
                 chans,
                 done,
