@@ -800,6 +800,17 @@ impl Communicator {
         }
     }
 
+    /// Add a compute engine for memory the host engine cannot reach (a
+    /// CUDA engine for one device: oxccl's `cuda` feature). A call runs on
+    /// the first engine that reaches all its buffers, the host engine
+    /// first; it waits for the calls issued before.
+    pub fn add_compute(&self, engine: Box<dyn crate::compute::Compute>) -> Result<()> {
+        self.run(move |_, st| {
+            st.net.add_engine(engine);
+            Ok(())
+        })
+    }
+
     /// Run `f` as the next call in issue order (blocking, this thread).
     pub(crate) fn run<R>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
         self.check_deadline()?;
@@ -960,6 +971,9 @@ impl Inner {
         bufs: &[Region],
         direct: bool,
     ) -> Result<()> {
+        // Memory no engine reaches fails this call alone, before it takes
+        // a sequence number (the others' next call still matches ours).
+        st.net.engine_for(bufs)?;
         let seq = st.seq;
         st.seq += 1;
         let during = executor::CallName { fp, seq };

@@ -128,6 +128,9 @@ pub enum Error {
     Config(String),
     /// A local system resource could not be obtained (memory, mappings).
     System(String),
+    /// A device operation failed: which device, and the driver's error
+    /// with what was being done (a kernel launch, a copy, an allocation).
+    Device { device: String, detail: String },
     /// The call needs something this build or machine lacks (device memory
     /// without a compute engine or link for it, ...); caught before
     /// anything was sent, so the communicator stays usable.
@@ -362,6 +365,7 @@ impl fmt::Display for Error {
                 f,
                 "system resource failure: {m}; check memory limits (ulimit -v, cgroup memory, vm.max_map_count)"
             ),
+            Error::Device { device, detail } => write!(f, "{device} failed: {detail}"),
             Error::Unsupported(m) => write!(f, "unsupported: {m}"),
         }
     }

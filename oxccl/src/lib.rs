@@ -36,6 +36,8 @@ pub use comm_core::{
 pub use comm_core::Communicator as CoreCommunicator;
 
 mod communicator;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod launch;
 pub mod selftest;
 

@@ -6,7 +6,11 @@
 
 use crate::{bf16, f16, with_dtype, Communicator, DataType, Element, ReduceOp};
 
+#[cfg(feature = "cuda")]
+mod device;
 mod registered;
+#[cfg(feature = "cuda")]
+pub use device::run_device_matrix;
 pub use registered::{run_registered, DirectFrom};
 
 fn err(e: crate::Error) -> String {
@@ -153,6 +157,117 @@ impl Case {
     }
 }
 
+/// One collective's buffers before the call, as every path of the matrix
+/// fills them: `send` (`None` in place) and `recv`.
+#[derive(Debug)]
+pub struct Prepared<T> {
+    pub send: Option<Vec<T>>,
+    pub recv: Vec<T>,
+}
+
+/// The buffers of rank `r` of `n` for `case` (not `Shift` or `Barrier`,
+/// which have their own calls): exact-valued data, the receive buffer as
+/// the call expects it (in place: holding this rank's contribution).
+pub fn prepare<T: TestElem>(
+    case: Case,
+    op: ReduceOp,
+    count: usize,
+    root: usize,
+    in_place: bool,
+    r: usize,
+    n: usize,
+) -> Prepared<T> {
+    let op = if case.reduces() { op } else { ReduceOp::Sum };
+    let (send, recv): (Vec<T>, Vec<T>) = match case {
+        Case::AllReduce => {
+            let input = data(op, r, 0, count);
+            (input.clone(), input)
+        }
+        Case::Reduce => {
+            let input: Vec<T> = data(op, r, 0, count);
+            let out = match in_place || r == root {
+                true => input.clone(),
+                false => Vec::new(),
+            };
+            (input, out)
+        }
+        Case::ReduceScatter => {
+            let full: Vec<T> = data(op, r, 0, n * count);
+            match in_place {
+                true => (Vec::new(), full),
+                false => (full, vec![T::default(); count]),
+            }
+        }
+        Case::Broadcast => {
+            let input: Vec<T> = data(op, r, 0, count);
+            match (in_place, r == root) {
+                (true, _) => (Vec::new(), input),
+                (false, true) => (input, vec![T::default(); count]),
+                (false, false) => (Vec::new(), vec![T::default(); count]),
+            }
+        }
+        Case::AllGather => {
+            let mine: Vec<T> = data(op, r, 0, count);
+            let mut out = vec![T::default(); n * count];
+            if in_place {
+                out[r * count..(r + 1) * count].copy_from_slice(&mine);
+            }
+            (mine, out)
+        }
+        Case::AllToAll => {
+            let send: Vec<T> = data(op, r, 0, n * count);
+            (send.clone(), send)
+        }
+        Case::Shift | Case::Barrier => (Vec::new(), Vec::new()),
+    };
+    Prepared {
+        send: (!in_place).then_some(send),
+        recv,
+    }
+}
+
+/// The first element of `got` (rank `r`'s receive buffer after `case`)
+/// that differs from the exact result, formatted; `before` is what
+/// [`prepare`] gave.
+#[allow(clippy::too_many_arguments)]
+pub fn verify<T: TestElem>(
+    case: Case,
+    op: ReduceOp,
+    count: usize,
+    root: usize,
+    in_place: bool,
+    r: usize,
+    n: usize,
+    before: &Prepared<T>,
+    got: &[T],
+) -> Option<String> {
+    let op = if case.reduces() { op } else { ReduceOp::Sum };
+    let v = |rank: usize, i: usize| T::from_i(value(op, rank, i));
+    match case {
+        Case::AllReduce => first_diff(got, |i| expected(op, n, i)),
+        Case::Reduce if r == root => first_diff(got, |i| expected(op, n, i)),
+        // Non-roots keep their buffer in place; out of place they pass none.
+        Case::Reduce if in_place => first_diff(got, |i| before.recv[i]),
+        Case::Reduce => None,
+        Case::ReduceScatter if in_place => first_diff(got, |i| {
+            if i / count.max(1) == r && count > 0 {
+                expected(op, n, i)
+            } else {
+                before.recv[i]
+            }
+        }),
+        Case::ReduceScatter => first_diff(got, |i| expected(op, n, r * count + i)),
+        Case::Broadcast => first_diff(got, |i| v(root, i)),
+        Case::AllGather => first_diff(got, |i| v(i / count, i % count)),
+        Case::AllToAll => first_diff(got, |i| v(i / count, r * count + i % count)),
+        Case::Shift => {
+            let prev = (r + n - 1) % n;
+            first_diff(got, |i| v(prev, i))
+        }
+        Case::Barrier => None,
+    }
+}
+
 /// Run one call with exact-valued data and check every element this rank
 /// holds afterwards. `count` is the NCCL-style count (per rank for the
 /// segmented collectives).
@@ -165,121 +280,58 @@ pub fn run_one<T: TestElem>(
     in_place: bool,
 ) -> Result<(), String> {
     let (r, n) = (comm.rank(), comm.nranks());
-    let fail = |d: String| {
-        let m = format!(
-            "rank {r}/{n} {} {case:?} {op} count {count} root {root} in_place {in_place}: {d}",
-            T::DTYPE
-        );
-        eprintln!("selftest failure: {m}");
-        Err(m)
-    };
     let op = if case.reduces() { op } else { ReduceOp::Sum };
-    let v = |rank: usize, i: usize| T::from_i(value(op, rank, i));
-    let check = |got: &[T], want: &dyn Fn(usize) -> T| match first_diff(got, want) {
-        Some(d) => fail(d),
-        None => Ok(()),
-    };
-    match case {
-        Case::AllReduce => {
-            let input: Vec<T> = data(op, r, 0, count);
-            let mut out = input.clone();
-            if in_place {
-                comm.all_reduce_in_place(&mut out, op).map_err(err)?;
-            } else {
-                comm.all_reduce(&input, &mut out, op).map_err(err)?;
-            }
-            check(&out, &|i| expected(op, n, i))
-        }
-        Case::Reduce => {
-            let input: Vec<T> = data(op, r, 0, count);
-            let mut out = if in_place || r == root {
-                input.clone()
-            } else {
-                Vec::new()
-            };
-            if in_place {
-                comm.reduce_in_place(&mut out, op, root).map_err(err)?;
-            } else {
-                comm.reduce(&input, &mut out, op, root).map_err(err)?;
-            }
-            if r == root {
-                check(&out, &|i| expected(op, n, i))
-            } else if in_place {
-                check(&out, &|i| input[i]) // non-roots keep their buffer
-            } else {
-                Ok(())
-            }
-        }
-        Case::ReduceScatter => {
-            let full: Vec<T> = data(op, r, 0, n * count);
-            if in_place {
-                let mut buf = full.clone();
-                comm.reduce_scatter_in_place(&mut buf, op).map_err(err)?;
-                check(&buf, &|i| {
-                    if i / count.max(1) == r && count > 0 {
-                        expected(op, n, i)
-                    } else {
-                        full[i]
-                    }
-                })
-            } else {
-                let mut out = vec![T::default(); count];
-                comm.reduce_scatter(&full, &mut out, op).map_err(err)?;
-                check(&out, &|i| expected(op, n, r * count + i))
-            }
-        }
-        Case::Broadcast => {
-            let input: Vec<T> = data(op, r, 0, count);
-            let mut out = vec![T::default(); count];
-            if in_place {
-                out.copy_from_slice(&input);
-                comm.broadcast_in_place(&mut out, root).map_err(err)?;
-            } else {
-                comm.broadcast(if r == root { &input[..] } else { &[] }, &mut out, root)
-                    .map_err(err)?;
-            }
-            check(&out, &|i| v(root, i))
-        }
-        Case::AllGather => {
-            let mine: Vec<T> = data(op, r, 0, count);
-            let mut out = vec![T::default(); n * count];
-            if in_place {
-                out[r * count..(r + 1) * count].copy_from_slice(&mine);
-                comm.all_gather_in_place(&mut out).map_err(err)?;
-            } else {
-                comm.all_gather(&mine, &mut out).map_err(err)?;
-            }
-            check(&out, &|i| v(i / count, i % count))
-        }
-        Case::AllToAll => {
-            let send: Vec<T> = data(op, r, 0, n * count);
-            let mut out = send.clone();
-            if in_place {
-                comm.all_to_all_in_place(&mut out).map_err(err)?;
-            } else {
-                comm.all_to_all(&send, &mut out).map_err(err)?;
-            }
-            check(&out, &|i| v(i / count, r * count + i % count))
-        }
-        Case::Shift => {
+    let p = prepare::<T>(case, op, count, root, in_place, r, n);
+    let mut out = p.recv.clone();
+    match (case, &p.send) {
+        (Case::AllReduce, None) => comm.all_reduce_in_place(&mut out, op),
+        (Case::AllReduce, Some(s)) => comm.all_reduce(s, &mut out, op),
+        (Case::Reduce, None) => comm.reduce_in_place(&mut out, op, root),
+        (Case::Reduce, Some(s)) => comm.reduce(s, &mut out, op, root),
+        (Case::ReduceScatter, None) => comm.reduce_scatter_in_place(&mut out, op),
+        (Case::ReduceScatter, Some(s)) => comm.reduce_scatter(s, &mut out, op),
+        (Case::Broadcast, None) => comm.broadcast_in_place(&mut out, root),
+        (Case::Broadcast, Some(s)) => comm.broadcast(s, &mut out, root),
+        (Case::AllGather, None) => comm.all_gather_in_place(&mut out),
+        (Case::AllGather, Some(s)) => comm.all_gather(s, &mut out),
+        (Case::AllToAll, None) => comm.all_to_all_in_place(&mut out),
+        (Case::AllToAll, Some(s)) => comm.all_to_all(s, &mut out),
+        (Case::Shift, _) => {
             let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
             let mine: Vec<T> = data(op, r, 0, count);
-            let mut out = mine.clone();
-            if in_place {
-                comm.send_recv_replace(&mut out, next, prev).map_err(err)?;
-            } else {
-                comm.send_recv(&mine, next, &mut out, prev).map_err(err)?;
+            out = mine.clone();
+            match in_place {
+                true => comm.send_recv_replace(&mut out, next, prev),
+                false => comm.send_recv(&mine, next, &mut out, prev),
             }
-            check(&out, &|i| v(prev, i))
         }
-        Case::Barrier => comm.barrier().map_err(err),
+        (Case::Barrier, _) => comm.barrier(),
+    }
+    .map_err(err)?;
+    match verify(case, op, count, root, in_place, r, n, &p, &out) {
+        Some(d) => {
+            let m = format!(
+                "rank {r}/{n} {} {case:?} {op} count {count} root {root} in_place {in_place}: {d}",
+                T::DTYPE
+            );
+            eprintln!("selftest failure: {m}");
+            Err(m)
+        }
+        None => Ok(()),
     }
 }
 
-fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
-    let n = comm.nranks();
+/// Every call of the matrix for `n` ranks: each count, case, operator
+/// (the reducing cases), in and out of place, with a root that moves.
+/// `cases` narrows the cases (`None`: all).
+pub fn each_call(
+    n: usize,
+    counts: &[usize],
+    cases: &[Case],
+    mut call: impl FnMut(Case, ReduceOp, usize, usize, bool) -> Result<(), String>,
+) -> Result<(), String> {
     for &count in counts {
-        for case in Case::ALL {
+        for &case in cases {
             let ops: &[ReduceOp] = if case.reduces() {
                 &ReduceOp::ALL
             } else {
@@ -292,12 +344,21 @@ fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), 
             for (oi, &op) in ops.iter().enumerate() {
                 let root = (oi + count) % n;
                 for in_place in [false, true] {
-                    run_one::<T>(comm, case, op, c, root, in_place)?;
+                    call(case, op, c, root, in_place)?;
                 }
             }
         }
     }
     Ok(())
+}
+
+fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
+    each_call(
+        comm.nranks(),
+        counts,
+        &Case::ALL,
+        |case, op, count, root, in_place| run_one::<T>(comm, case, op, count, root, in_place),
+    )
 }
 
 /// A deterministic generator every rank seeds alike, so all ranks draw the

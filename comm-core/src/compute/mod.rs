@@ -51,6 +51,13 @@ pub trait Compute: Send {
     fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending>;
     /// Whether `work` completed; its failure is returned here.
     fn poll(&mut self, work: Pending) -> Result<bool>;
+    /// Wait until all started work has completed (a call that ends early,
+    /// on an error, must not return while the engine still touches the
+    /// caller's memory). An engine's work never waits for peers, so this
+    /// ends.
+    fn quiesce(&mut self) -> Result<()> {
+        Ok(())
+    }
     /// Called before the executor sleeps with work of this engine in
     /// flight: an fd that becomes readable once the work started so far
     /// may have completed (an engine may arrange that wake-up only now,

@@ -143,7 +143,7 @@ impl Net {
 
     /// The engine of a call on `bufs`: the first that reaches every
     /// buffer holding bytes.
-    fn engine_for(&self, bufs: &[Region]) -> Result<usize> {
+    pub(crate) fn engine_for(&self, bufs: &[Region]) -> Result<usize> {
         let reaches = |e: &dyn Compute| bufs.iter().all(|b| b.len == 0 || e.reaches(b.space));
         if let Some(i) = self.engines.iter().position(|e| reaches(e.as_ref())) {
             return Ok(i);
@@ -231,6 +231,14 @@ pub(crate) fn execute(
     let engine = net.engine_for(bufs)?;
     let mut w = std::mem::take(&mut net.work);
     let r = execute_with(sched, bufs, net, engine, cx, &mut w);
+    if r.is_err() {
+        // Work still in flight must end before the caller's memory is
+        // handed back; the call's own error stays the one reported.
+        if let Err(e) = net.engines[engine].quiesce() {
+            let name = net.engines[engine].name();
+            tracing::warn!("oxccl: the {name} engine after a failed call: {e}");
+        }
+    }
     net.work = w;
     r
 }

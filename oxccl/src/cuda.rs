@@ -1,0 +1,263 @@
+//! Collectives on CUDA device memory (the `cuda` feature).
+//!
+//! [`Cuda::attach`] adds a CUDA compute engine for one device to a
+//! communicator; its methods then take device buffers — cudarc's
+//! `CudaSlice`, `CudaView`, `CudaViewMut`, or raw device addresses for
+//! other frameworks ([`Cuda::collective_raw`]) — and the stream the caller
+//! orders its work on:
+//!
+//! - the collective starts after the work enqueued on that stream before
+//!   the call (the engine's stream waits on an event recorded there; the
+//!   CPU does not wait for it);
+//! - when the call returns, the collective has completed, so work the
+//!   caller enqueues on any stream afterwards sees the result.
+//!
+//! (NCCL returns as soon as the collective is enqueued; here the calling
+//! thread drives the collective until it completes. The ordering a
+//! program relies on is the same; what differs is that the CPU thread is
+//! busy for the duration.)
+//!
+//! Between ranks the data travels through pinned host staging slots over
+//! the communicator's links (shared memory on a host, TCP or RDMA between
+//! hosts), copied by the device's copy engines and reduced by oxccl's
+//! kernels on the device; several ranks may share one GPU.
+
+use crate::{Communicator, DataType, Element, Error, Kind, ReduceOp, Region, Result};
+use compute_cuda::cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+pub use compute_cuda::{cudarc, probe, CudaCompute};
+
+/// A communicator's CUDA engine for one device, and the collectives on
+/// that device's memory (see the module docs).
+#[derive(Clone)]
+pub struct Cuda<'c> {
+    comm: &'c Communicator,
+    ctx: Arc<CudaContext>,
+    /// The engine's stream (the engine itself lives in the communicator).
+    engine: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for Cuda<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cuda")
+            .field("rank", &self.comm.rank())
+            .field("device", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+impl<'c> Cuda<'c> {
+    /// Add an engine for device `ordinal` (its primary context) to `comm`.
+    /// `Error::Unsupported` names what is missing on a machine without the
+    /// driver, NVRTC or that device.
+    pub fn attach(comm: &'c Communicator, ordinal: usize) -> Result<Cuda<'c>> {
+        Cuda::with_engine(comm, CudaCompute::new(ordinal)?)
+    }
+
+    /// The same on a context the program already has.
+    pub fn attach_context(comm: &'c Communicator, ctx: Arc<CudaContext>) -> Result<Cuda<'c>> {
+        Cuda::with_engine(comm, CudaCompute::with_context(ctx)?)
+    }
+
+    fn with_engine(comm: &'c Communicator, engine: CudaCompute) -> Result<Cuda<'c>> {
+        let (ctx, stream) = (engine.context().clone(), engine.stream().clone());
+        comm.add_compute(Box::new(engine))?;
+        Ok(Cuda {
+            comm,
+            ctx,
+            engine: stream,
+        })
+    }
+
+    /// The device's context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The communicator.
+    pub fn communicator(&self) -> &'c Communicator {
+        self.comm
+    }
+
+    fn space(&self) -> crate::MemorySpace {
+        crate::MemorySpace::Device {
+            kind: crate::DeviceKind::Cuda,
+            ordinal: self.ctx.ordinal() as u32,
+        }
+    }
+
+    fn region(&self, ptr: sys::CUdeviceptr, bytes: usize) -> Region {
+        Region {
+            space: self.space(),
+            addr: ptr as usize,
+            len: bytes,
+        }
+    }
+
+    /// Make the engine's next work wait for what `stream` holds now.
+    fn after(&self, stream: &CudaStream) -> Result<()> {
+        let fail = |what: &str, e: cudarc::driver::DriverError| Error::Device {
+            device: format!("CUDA device {}", self.ctx.ordinal()),
+            detail: format!("{what}: {e}"),
+        };
+        let ev = stream
+            .record_event(None)
+            .map_err(|e| fail("recording the caller's stream", e))?;
+        self.engine
+            .wait(&ev)
+            .map_err(|e| fail("ordering after the caller's stream", e))
+    }
+
+    /// Run collective `kind` on device regions, ordered after `stream`.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.after(stream)?;
+        // SAFETY: the regions come from device buffers borrowed (and, for
+        // `recv`, borrowed mutably) for this whole call by the caller, of
+        // whole `dtype` elements (cudarc slices are typed and aligned).
+        unsafe {
+            self.comm
+                .collective_regions(kind, send, recv, dtype, op, root)
+        }
+    }
+
+    /// `recv = op over ranks of send` (`ncclAllReduce`).
+    pub fn all_reduce<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let bytes = |n: usize| n * std::mem::size_of::<T>();
+        let (s, _rs) = send.device_ptr(stream);
+        let sn = bytes(send.len());
+        let rn = bytes(recv.len());
+        let (r, _rr) = recv.device_ptr_mut(stream);
+        let (s, r) = (self.region(s, sn), self.region(r, rn));
+        self.run(Kind::AllReduce, Some(s), r, T::DTYPE, op, 0, stream)
+    }
+
+    /// In-place all_reduce.
+    pub fn all_reduce_in_place<T: Element>(
+        &self,
+        buf: &mut impl DevicePtrMut<T>,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let n = buf.len() * std::mem::size_of::<T>();
+        let (p, _g) = buf.device_ptr_mut(stream);
+        let r = self.region(p, n);
+        self.run(Kind::AllReduce, None, r, T::DTYPE, op, 0, stream)
+    }
+
+    /// `recv = concatenation over ranks of send` (`ncclAllGather`).
+    pub fn all_gather<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.two(Kind::AllGather, send, recv, ReduceOp::Sum, 0, stream)
+    }
+
+    /// `recv = segment rank of op over ranks of send` (`ncclReduceScatter`).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        op: ReduceOp,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.two(Kind::ReduceScatter, send, recv, op, 0, stream)
+    }
+
+    /// `recv = send of root` (`ncclBroadcast`; `send` is read at the root).
+    pub fn broadcast<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.two(Kind::Broadcast, send, recv, ReduceOp::Sum, root, stream)
+    }
+
+    /// At the root `recv = op over ranks of send` (`ncclReduce`).
+    pub fn reduce<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.two(Kind::Reduce, send, recv, op, root, stream)
+    }
+
+    /// `count` elements to and from every rank (`ncclAlltoAll`).
+    pub fn all_to_all<T: Element>(
+        &self,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        self.two(Kind::AllToAll, send, recv, ReduceOp::Sum, 0, stream)
+    }
+
+    fn two<T: Element>(
+        &self,
+        kind: Kind,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let es = std::mem::size_of::<T>();
+        let (sn, rn) = (send.len() * es, recv.len() * es);
+        let (s, _rs) = send.device_ptr(stream);
+        let (r, _rr) = recv.device_ptr_mut(stream);
+        let (s, r) = (self.region(s, sn), self.region(r, rn));
+        self.run(kind, Some(s), r, T::DTYPE, op, root, stream)
+    }
+
+    /// Collective `kind` on raw device addresses of this device (another
+    /// framework's tensors): `recv_bytes` at `recv`, `send` (address and
+    /// bytes; `None` for in place) holding whole `dtype` elements, ordered
+    /// after the work on `stream` (a `CUstream` of this context; null is
+    /// the legacy default stream). Sizes follow the typed methods.
+    ///
+    /// # Safety
+    /// The addresses must be device memory of this device, valid for the
+    /// whole call, aligned for `dtype`, that nothing else touches meanwhile
+    /// (`send` may be read by others); `stream` must belong to this
+    /// context.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn collective_raw(
+        &self,
+        kind: Kind,
+        send: Option<(u64, usize)>,
+        recv: (u64, usize),
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        // SAFETY: the caller's stream of this context, alive for the call
+        // (the wrapper does not destroy it).
+        let s = unsafe { self.ctx.wrap_borrowed_stream(stream) };
+        let send = send.map(|(p, n)| self.region(p, n));
+        self.run(kind, send, self.region(recv.0, recv.1), dtype, op, root, &s)
+    }
+}

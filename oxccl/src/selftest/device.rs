@@ -1,0 +1,157 @@
+//! The matrix on CUDA device memory: the same calls and exact data as the
+//! host matrix, each buffer uploaded to the device, the collective run on
+//! it through [`Cuda`], the result downloaded and checked element by
+//! element. Every dtype goes through the raw-address entry
+//! ([`Cuda::collective_raw`], what other frameworks use); f32 all_reduce
+//! also through the typed one on cudarc slices.
+
+use super::{each_call, prepare, verify, Case, TestElem};
+use crate::cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use crate::cuda::Cuda;
+use crate::{as_bytes, bf16, f16, Kind, ReduceOp};
+use std::sync::Arc;
+
+/// The collectives of the device matrix (send/recv and barrier carry no
+/// device buffers here).
+const CASES: [Case; 6] = [
+    Case::AllReduce,
+    Case::Reduce,
+    Case::ReduceScatter,
+    Case::Broadcast,
+    Case::AllGather,
+    Case::AllToAll,
+];
+
+fn kind(case: Case) -> Kind {
+    match case {
+        Case::AllReduce => Kind::AllReduce,
+        Case::Reduce => Kind::Reduce,
+        Case::ReduceScatter => Kind::ReduceScatter,
+        Case::Broadcast => Kind::Broadcast,
+        Case::AllGather => Kind::AllGather,
+        _ => Kind::AllToAll,
+    }
+}
+
+/// Host bytes on the device (`None` for no bytes: no allocation).
+fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<Option<CudaSlice<u8>>, String> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    stream
+        .clone_htod(bytes)
+        .map(Some)
+        .map_err(|e| format!("upload: {e}"))
+}
+
+fn from_bytes<T: TestElem>(b: &[u8]) -> Vec<T> {
+    let mut v = vec![T::default(); b.len() / std::mem::size_of::<T>()];
+    crate::as_bytes_mut(&mut v[..]).copy_from_slice(b);
+    v
+}
+
+fn one<T: TestElem>(
+    cuda: &Cuda,
+    stream: &Arc<CudaStream>,
+    case: Case,
+    op: ReduceOp,
+    count: usize,
+    root: usize,
+    in_place: bool,
+) -> Result<(), String> {
+    let comm = cuda.communicator();
+    let (r, n) = (comm.rank(), comm.nranks());
+    let p = prepare::<T>(case, op, count, root, in_place, r, n);
+    let send = match &p.send {
+        Some(s) => Some(upload(stream, as_bytes(&s[..]))?),
+        None => None,
+    };
+    let recv_bytes = as_bytes(&p.recv[..]).len();
+    let recv = upload(stream, as_bytes(&p.recv[..]))?;
+    let addr = |s: &Option<CudaSlice<u8>>| s.as_ref().map_or(0, |s| s.device_ptr(stream).0);
+    let send_arg = send
+        .as_ref()
+        .map(|s| (addr(s), s.as_ref().map_or(0, |s| s.len())));
+    let op = if case.reduces() { op } else { ReduceOp::Sum };
+    // SAFETY: the addresses are this test's own allocations on the
+    // device, alive until after the call, holding whole elements.
+    unsafe {
+        cuda.collective_raw(
+            kind(case),
+            send_arg,
+            (addr(&recv), recv_bytes),
+            T::DTYPE,
+            op,
+            root,
+            stream.cu_stream(),
+        )
+    }
+    .map_err(|e| e.to_string())?;
+    let got: Vec<T> = match &recv {
+        Some(d) => from_bytes(&stream.clone_dtoh(d).map_err(|e| format!("download: {e}"))?),
+        None => Vec::new(),
+    };
+    match verify(case, op, count, root, in_place, r, n, &p, &got) {
+        Some(d) => Err(format!(
+            "device: rank {r}/{n} {} {case:?} {op} count {count} root {root} in_place {in_place}: {d}",
+            T::DTYPE
+        )),
+        None => Ok(()),
+    }
+}
+
+fn check_type<T: TestElem>(
+    cuda: &Cuda,
+    stream: &Arc<CudaStream>,
+    counts: &[usize],
+) -> Result<(), String> {
+    let n = cuda.communicator().nranks();
+    each_call(n, counts, &CASES, |case, op, count, root, in_place| {
+        one::<T>(cuda, stream, case, op, count, root, in_place)
+    })
+}
+
+/// f32 all_reduce through the typed entry, on cudarc slices, out of place
+/// and in place.
+fn typed(cuda: &Cuda, stream: &Arc<CudaStream>, count: usize) -> Result<(), String> {
+    let comm = cuda.communicator();
+    let (r, n) = (comm.rank(), comm.nranks());
+    let e = |e: crate::Error| e.to_string();
+    let d = |e: crate::cuda::cudarc::driver::DriverError| e.to_string();
+    let input: Vec<f32> = super::data(ReduceOp::Sum, r, 0, count);
+    let send = stream.clone_htod(&input).map_err(d)?;
+    let mut recv = stream.alloc_zeros::<f32>(count).map_err(d)?;
+    cuda.all_reduce(&send, &mut recv, ReduceOp::Sum, stream)
+        .map_err(e)?;
+    let mut both = stream.clone_htod(&input).map_err(d)?;
+    cuda.all_reduce_in_place(&mut both, ReduceOp::Sum, stream)
+        .map_err(e)?;
+    for out in [&recv, &both] {
+        let got = stream.clone_dtoh(out).map_err(d)?;
+        if let Some(diff) = super::first_diff(&got, |i| super::expected(ReduceOp::Sum, n, i)) {
+            return Err(format!("device: rank {r}/{n} typed f32 all_reduce: {diff}"));
+        }
+    }
+    Ok(())
+}
+
+/// The device matrix on `cuda`'s device, every dtype, `counts` as the host
+/// matrix takes them; work on a stream of its own.
+pub fn run_device_matrix(cuda: &Cuda, counts: &[usize]) -> Result<(), String> {
+    let stream = cuda.context().new_stream().map_err(|e| e.to_string())?;
+    let s = &stream;
+    check_type::<i8>(cuda, s, counts)?;
+    check_type::<u8>(cuda, s, counts)?;
+    check_type::<i32>(cuda, s, counts)?;
+    check_type::<u32>(cuda, s, counts)?;
+    check_type::<i64>(cuda, s, counts)?;
+    check_type::<u64>(cuda, s, counts)?;
+    check_type::<f16>(cuda, s, counts)?;
+    check_type::<bf16>(cuda, s, counts)?;
+    check_type::<f32>(cuda, s, counts)?;
+    check_type::<f64>(cuda, s, counts)?;
+    for &c in counts.iter().filter(|c| **c > 0) {
+        typed(cuda, s, c)?;
+    }
+    cuda.communicator().barrier().map_err(|e| e.to_string())
+}

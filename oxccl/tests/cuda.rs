@@ -1,0 +1,119 @@
+//! Collectives on CUDA device memory (the `cuda` feature).
+//!
+//! Without a GPU (CI, most machines) only the first tests run: attaching
+//! an engine fails with a typed error naming what is missing, and device
+//! memory on a communicator without an engine for it fails the one call
+//! that passed it, before anything is sent, leaving the communicator
+//! usable. The device matrix needs a GPU: it skips without one, and fails
+//! instead with `OXCCL_REQUIRE_GPU=1` (`scripts/gpu-check` sets it). Ranks
+//! are threads sharing the one device, over shared memory and TCP.
+
+mod common;
+use common::*;
+use oxccl::cuda::Cuda;
+use oxccl::{DeviceKind, Error, Kind, MemorySpace, ReduceOp, Region};
+
+/// Whether a GPU is here; panics when one is required but missing.
+fn gpu() -> bool {
+    let required = std::env::var("OXCCL_REQUIRE_GPU").as_deref() == Ok("1");
+    match oxccl::cuda::probe() {
+        Ok(()) => true,
+        Err(e) if required => panic!("OXCCL_REQUIRE_GPU=1 but {e}"),
+        Err(e) => {
+            eprintln!("skipped (no GPU here): {e}");
+            false
+        }
+    }
+}
+
+#[test]
+fn without_a_driver_attaching_is_unsupported_and_says_what_is_missing() {
+    if oxccl::cuda::probe().is_ok() {
+        eprintln!("skipped: this machine has a driver");
+        return;
+    }
+    with_ranks(1, test_config(), |comm| {
+        match Cuda::attach(&comm, 0) {
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("libcuda") || m.contains("NVRTC"), "{m}")
+            }
+            other => panic!("attach without a driver: {other:?}"),
+        }
+        // The communicator is untouched.
+        let mut x = [1.0f32; 4];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+    });
+}
+
+#[test]
+fn device_memory_without_an_engine_fails_that_call_only() {
+    with_ranks(2, test_config(), |comm| {
+        if comm.rank() == 0 {
+            // Never dereferenced: no engine reaches it, so nothing runs.
+            let dev = Region {
+                space: MemorySpace::Device {
+                    kind: DeviceKind::Cuda,
+                    ordinal: 0,
+                },
+                addr: 1 << 40,
+                len: 64,
+            };
+            // SAFETY: the region is rejected before any memory is touched.
+            let r = unsafe {
+                comm.collective_regions(
+                    Kind::AllReduce,
+                    None,
+                    dev,
+                    oxccl::DataType::F32,
+                    ReduceOp::Sum,
+                    0,
+                )
+            };
+            match r {
+                Err(Error::Unsupported(m)) => assert!(m.contains("device 0"), "{m}"),
+                other => panic!("device memory without an engine: {other:?}"),
+            }
+        }
+        // Both ranks go on with the same next call.
+        let mut x = [comm.rank() as f32 + 1.0; 3];
+        comm.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x, [3.0; 3]);
+    });
+}
+
+fn device_matrix(n: usize, mixed: bool) {
+    if !gpu() {
+        return;
+    }
+    let cfg = |r: usize| match mixed {
+        true => host_config(r % 2),
+        false => test_config(),
+    };
+    let counts = oxccl::selftest::standard_counts(n);
+    for r in with_rank_configs(n, cfg, |comm| {
+        let cuda = Cuda::attach(&comm, 0).map_err(|e| e.to_string())?;
+        oxccl::selftest::run_device_matrix(&cuda, &counts)
+    }) {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn device_matrix_1_rank() {
+    device_matrix(1, false)
+}
+
+#[test]
+fn device_matrix_2_ranks_shm() {
+    device_matrix(2, false)
+}
+
+#[test]
+fn device_matrix_4_ranks_mixed() {
+    device_matrix(4, true)
+}
+
+#[test]
+fn device_matrix_8_ranks_shm() {
+    device_matrix(8, false)
+}
