@@ -3,6 +3,38 @@
 
 use oxccl::{DataType, ReduceOp};
 
+/// Where the benchmark's buffers live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mem {
+    Host,
+    /// Device memory of the GPU `local rank % GPUs` (the `cuda` feature).
+    Cuda,
+}
+
+impl Mem {
+    /// nccl-tests' default, device buffers, where this build and host can
+    /// have them; host memory otherwise.
+    pub fn default_for_build() -> Mem {
+        #[cfg(feature = "cuda")]
+        if oxccl::cuda::probe().is_ok() {
+            return Mem::Cuda;
+        }
+        Mem::Host
+    }
+
+    fn parse(v: &str) -> Result<Mem, String> {
+        match v {
+            "host" => Ok(Mem::Host),
+            "cuda" if cfg!(feature = "cuda") => Ok(Mem::Cuda),
+            "cuda" => Err(
+                "--mem cuda: this build has no CUDA support (build the benches with --features cuda)"
+                    .into(),
+            ),
+            other => Err(format!("--mem {other:?}: use host or cuda")),
+        }
+    }
+}
+
 /// Parsed flags.
 #[derive(Clone, Debug)]
 pub struct Args {
@@ -31,6 +63,8 @@ pub struct Args {
     pub transport: Option<String>,
     pub algo: Option<String>,
     pub registered: bool,
+    /// Where the buffers live (`--mem`).
+    pub mem: Mem,
     pub plot: Option<String>,
     /// Machine limit (GB/s) drawn on the plot.
     pub limit: Option<f64>,
@@ -62,6 +96,7 @@ impl Default for Args {
             transport: None,
             algo: None,
             registered: false,
+            mem: Mem::default_for_build(),
             plot: None,
             limit: None,
             csv: None,
@@ -100,6 +135,7 @@ USAGE: <collective>_perf
   [--transport <auto|tcp|shm|rdma>]      force a transport
   [--algo <auto|NAME>]                   force an algorithm (ring, oneshot, chain, direct, ...)
   [--registered]                         use communicator-registered buffers
+  [--mem <host|cuda>]                    buffer memory (default: cuda in a cuda build on a host with a GPU, else host)
   [--plot <file.svg>]                    bus bandwidth and time against size
   [--limit <GB/s>]                       draw a machine limit on the plot
   [--csv <file.csv>]                     write results as CSV
@@ -221,6 +257,7 @@ impl Args {
                 "--transport" => a.transport = Some(val).filter(|t| t != "auto"),
                 "--algo" => a.algo = Some(val),
                 "--registered" => a.registered = true,
+                "--mem" => a.mem = Mem::parse(&val)?,
                 "--plot" => a.plot = Some(val),
                 "--limit" => {
                     a.limit = Some(

@@ -11,6 +11,8 @@
 
 pub mod args;
 pub mod coll;
+#[cfg(feature = "cuda")]
+mod device;
 pub mod parse;
 pub mod plot;
 pub mod report;
@@ -244,18 +246,36 @@ fn warmup<T: TestElem>(comm: &Communicator, args: &Args, case: &Case) -> oxccl::
     Ok(())
 }
 
+/// The device of a `--mem cuda` run (nothing in a build without CUDA).
+#[cfg(feature = "cuda")]
+type Dev<'c> = device::Device<'c>;
+#[cfg(not(feature = "cuda"))]
+type Dev<'c> = std::marker::PhantomData<&'c ()>;
+
 fn row(
     comm: &Communicator,
     args: &Args,
+    dev: Option<&Dev<'_>>,
     case: &Case,
     bytes: usize,
     series: &str,
 ) -> oxccl::Result<Row> {
+    #[cfg(not(feature = "cuda"))]
+    let _ = dev; // always None without CUDA
     let factor = case.coll.bus_factor(comm.nranks());
     let mut out = Vec::new();
     let mut shape = None;
     for in_place in [false, true] {
         let (secs, wrong, s) = with_dtype!(case.dtype, T => {
+            #[cfg(feature = "cuda")]
+            if let Some(d) = dev {
+                d.measure::<T>(comm, args, case, bytes, in_place)
+            } else if args.registered {
+                measure_registered::<T>(comm, args, case, bytes, in_place)
+            } else {
+                measure::<T>(comm, args, case, bytes, in_place)
+            }
+            #[cfg(not(feature = "cuda"))]
             if args.registered {
                 measure_registered::<T>(comm, args, case, bytes, in_place)
             } else {
@@ -296,7 +316,7 @@ fn row(
     })
 }
 
-fn preamble(coll: Coll, args: &Args, comm: &Communicator) -> String {
+fn preamble(coll: Coll, args: &Args, comm: &Communicator, dev: Option<&Dev<'_>>) -> String {
     let mut s = format!(
         "# nccl-tests version oxccl-{} nccl-headers=0 nccl-library=0\n",
         env!("CARGO_PKG_VERSION")
@@ -316,9 +336,18 @@ fn preamble(coll: Coll, args: &Args, comm: &Communicator) -> String {
     }
     s += "#\n# Using devices\n";
     let isa = format!("{:?}", oxccl::kernel_isa()).to_lowercase();
+    // Each rank's device, as rank 0 knows it (its own; the others' are
+    // chosen by the same rule).
+    let mem = match dev {
+        #[cfg(feature = "cuda")]
+        Some(d) => format!("cuda memory, rank 0 on {}", d.describe()),
+        #[cfg(not(feature = "cuda"))]
+        Some(_) => unreachable!(),
+        None => format!("host memory ({isa})"),
+    };
     for p in comm.peers() {
         s += &format!(
-            "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device {:2} [cpu] host memory ({isa})\n",
+            "#  Rank {:2} Group {:2} Pid {:6} on {:>10} device {:2} [cpu] {mem}\n",
             p.rank, 0, p.pid, p.hostname, p.rank
         );
     }
@@ -341,7 +370,19 @@ fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::
             let _ = std::io::Write::flush(&mut std::io::stdout());
         }
     };
-    print(&preamble(coll, args, comm));
+    #[cfg(feature = "cuda")]
+    let dev = match args.mem {
+        args::Mem::Cuda if args.registered => {
+            return Err(oxccl::Error::invalid(
+                "--registered and --mem cuda: registered buffers are host memory",
+            ))
+        }
+        args::Mem::Cuda => Some(device::Device::new(comm)?),
+        args::Mem::Host => None,
+    };
+    #[cfg(not(feature = "cuda"))]
+    let dev: Option<Dev<'_>> = None;
+    print(&preamble(coll, args, comm, dev.as_ref()));
     print(&report::header());
     let ops: Vec<ReduceOp> = if coll.has_op() {
         args.ops.clone()
@@ -370,7 +411,7 @@ fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::
                     series += &format!(" cycle {cycle}");
                 }
                 for bytes in args.sizes() {
-                    let r = row(comm, args, &case, bytes, &series)?;
+                    let r = row(comm, args, dev.as_ref(), &case, bytes, &series)?;
                     wrong_total += r.oop.wrong.unwrap_or(0) + r.ip.wrong.unwrap_or(0);
                     print(&format!("{}\n", report::row_line(&r)));
                     rows.push(r);

@@ -13,6 +13,8 @@
 //! oxrun -n 3 oxccl-selftest registered 1M direct  # the matrix on alloc_shared buffers
 //!   (`direct`: every call runs `direct`; `direct-from=16K`: calls of 16 KiB and up; `messages`: none)
 //! oxrun -n 5 oxccl-selftest soak 20000 7        # random calls (seed 7), each checked
+//! oxrun -n 4 oxccl-selftest cuda-matrix         # the matrix on device memory (cuda feature)
+//! oxrun -n 4 oxccl-selftest cuda-loop 16M       # device all_reduce until an error
 //! ```
 
 use oxccl::prelude::*;
@@ -45,6 +47,60 @@ fn error_kind(e: &oxccl::Error) -> &'static str {
 fn bytes_arg(a: Option<&String>, default: usize) -> usize {
     a.map(|s| oxccl::parse_bytes(s).unwrap_or_else(|| fail(format!("bad size {s:?}"))))
         .unwrap_or(default)
+}
+
+/// The device modes: ranks share the host's GPUs round robin by local rank.
+#[cfg(feature = "cuda")]
+fn cuda_mode(comm: &Communicator, mode: &str, args: &[String]) {
+    use oxccl::cuda::cudarc::driver::CudaContext;
+    let (rank, n) = (comm.rank(), comm.nranks());
+    oxccl::cuda::probe().unwrap_or_else(|e| fail(e));
+    let devices = CudaContext::device_count()
+        .unwrap_or_else(|e| fail(e))
+        .max(1) as usize;
+    let local = oxccl::launch_env()
+        .ok()
+        .and_then(|e| e.local_rank)
+        .unwrap_or(rank);
+    let cuda = oxccl::cuda::Cuda::attach(comm, local % devices).unwrap_or_else(|e| fail(e));
+    if mode == "cuda-matrix" {
+        let counts = match args.get(1) {
+            Some(s) => vec![0, 1, 7, n - 1, n + 1, bytes_arg(Some(s), 0)],
+            None => standard_counts(n),
+        };
+        let t = Instant::now();
+        oxccl::selftest::run_device_matrix(&cuda, &counts).unwrap_or_else(|e| fail(e));
+        if rank == 0 {
+            println!(
+                "cuda-matrix OK: {n} ranks on {devices} device(s), counts {counts:?}, every collective x dtype x op, in and out of place, in {:.1} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        return;
+    }
+    // cuda-loop: device all_reduce until an error (the fault check).
+    let count = bytes_arg(args.get(1), 16 << 20) / 4;
+    let stream = cuda.context().new_stream().unwrap_or_else(|e| fail(e));
+    let mut buf = stream
+        .clone_htod(&vec![1.0f32; count])
+        .unwrap_or_else(|e| fail(e));
+    println!("READY {rank} {} {}", epoch_ms(), std::process::id());
+    let mut i = 0u64;
+    loop {
+        if let Err(e) = cuda.all_reduce_in_place(&mut buf, ReduceOp::Sum, &stream) {
+            println!(
+                "ERROR {rank} {} {}",
+                epoch_ms(),
+                e.blamed_rank().map_or(-1, |r| r as i64)
+            );
+            println!("DETAIL {rank} {e:?}");
+            std::process::exit(3);
+        }
+        i += 1;
+        if i == 1 {
+            println!("RUNNING {rank} {}", epoch_ms());
+        }
+    }
 }
 
 fn main() {
@@ -273,6 +329,8 @@ fn main() {
                 v[0]
             );
         }
+        #[cfg(feature = "cuda")]
+        "cuda-matrix" | "cuda-loop" => cuda_mode(&comm, mode, &args),
         "soak" => {
             // Random calls, every result checked (same seed on every rank).
             let calls: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
