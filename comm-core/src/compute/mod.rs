@@ -13,6 +13,8 @@
 mod host;
 
 pub use host::HostCompute;
+/// The reductions an engine computes (`Avg` arrives as `Sum` + `divide`).
+pub use kernels::Op;
 
 use crate::error::Result;
 use crate::mem::{MemorySpace, Region};
@@ -61,8 +63,10 @@ pub trait Compute: Send {
     /// Called before the executor sleeps with work of this engine in
     /// flight: an fd that becomes readable once the work started so far
     /// may have completed (an engine may arrange that wake-up only now,
-    /// keeping it off the path of work that completes while polled);
-    /// `None` when every piece of work completes before it is returned.
+    /// keeping it off the path of work that completes while polled, and
+    /// clear stale wake-ups first: the executor polls the work once more
+    /// after this call before it sleeps); `None` when every piece of work
+    /// completes before it is returned.
     fn completion_fd(&mut self) -> Result<Option<RawFd>> {
         Ok(None)
     }

@@ -142,10 +142,15 @@ impl Net {
     }
 
     /// The engine of a call on `bufs`: the first that reaches every
-    /// buffer holding bytes.
+    /// buffer, else the first that reaches every buffer holding bytes (an
+    /// empty `&[]` beside device memory). Zero-length device buffers still
+    /// go to their device's engine: a staged schedule copies them.
     pub(crate) fn engine_for(&self, bufs: &[Region]) -> Result<usize> {
-        let reaches = |e: &dyn Compute| bufs.iter().all(|b| b.len == 0 || e.reaches(b.space));
-        if let Some(i) = self.engines.iter().position(|e| reaches(e.as_ref())) {
+        let all = |e: &dyn Compute| bufs.iter().all(|b| e.reaches(b.space));
+        let full = |e: &dyn Compute| bufs.iter().all(|b| b.len == 0 || e.reaches(b.space));
+        let found = (self.engines.iter().position(|e| all(e.as_ref())))
+            .or_else(|| self.engines.iter().position(|e| full(e.as_ref())));
+        if let Some(i) = found {
             return Ok(i);
         }
         let what = bufs
@@ -741,6 +746,17 @@ fn execute_with(
                 true => None,
                 false => compute.completion_fd()?,
             };
+            // Armed, look once more (an eventcount): work that completed
+            // before the engine cleared its fd would wake nobody.
+            if compute_fd.is_some() {
+                let mut any = false;
+                for (_, p) in inflight.iter() {
+                    any |= compute.poll(*p)?;
+                }
+                if any {
+                    continue;
+                }
+            }
             wait(
                 chans,
                 done,
