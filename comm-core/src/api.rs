@@ -73,6 +73,35 @@ fn run_barrier(inner: &Inner, st: &mut State) -> Result<()> {
 /// Plan and run one collective: the registry picks the algorithm for the
 /// call's spec (direct access when every buffer is registered and mapped
 /// by every peer), the executor runs its schedule.
+/// A callback that runs exactly once: with the outcome, or, if dropped
+/// unrun, with the error that the call never ran.
+struct Finally(Option<AfterCall>);
+
+/// What runs once a queued call is over (see
+/// [`Communicator::collective_regions_async`]).
+pub type AfterCall = Box<dyn FnOnce(&Result<()>) + Send>;
+/// What runs on the worker just before a queued call.
+pub type BeforeCall = Box<dyn FnOnce() -> Result<()> + Send>;
+
+impl Finally {
+    fn finish(mut self, r: &Result<()>) {
+        if let Some(f) = self.0.take() {
+            f(r)
+        }
+    }
+}
+
+impl Drop for Finally {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f(&Err(Error::Aborted {
+                by: None,
+                world_by: None,
+            }))
+        }
+    }
+}
+
 pub(crate) fn run_coll(
     inner: &Inner,
     st: &mut State,
@@ -265,6 +294,47 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.collective(kind, send, recv, dtype, op, root)
+    }
+
+    /// Queue collective `kind` on regions and return at once; the call
+    /// runs in issue order on the communicator's worker: `before` first
+    /// (e.g. make a device engine wait for the caller's stream), then the
+    /// collective. `after` is called exactly once with the outcome when the
+    /// call is over — also when it never runs (bad arguments, an earlier
+    /// failure of the communicator, a worker that cannot start): whoever
+    /// waits on the call outside oxccl (a device stream blocked on a flag)
+    /// is always released.
+    ///
+    /// # Safety
+    /// As [`collective_regions`](Self::collective_regions), and the memory
+    /// must stay valid, untouched by anything else, until `after` runs.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn collective_regions_async(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        before: BeforeCall,
+        after: AfterCall,
+    ) -> Work<()> {
+        let after = Finally(Some(after));
+        if let Err(e) = self.plan(kind, send, recv, dtype, op, root) {
+            let r = Err(e);
+            after.finish(&r);
+            return Work::done(kind.name(), r);
+        }
+        let me = self.clone_handle();
+        self.submit(kind.name(), move |inner, st| {
+            let r = before().and_then(|()| {
+                let (c, s, r) = me.plan(kind, send, recv, dtype, op, root)?;
+                run_coll(inner, st, &c, s, r)
+            });
+            after.finish(&r);
+            r
+        })
     }
 
     fn typed<T: Element>(

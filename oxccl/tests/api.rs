@@ -445,3 +445,98 @@ mod registered {
         });
     }
 }
+
+/// The queued entry on regions (what device streams wait on): `after` runs
+/// exactly once, with the outcome, when the call succeeds, when its
+/// arguments are bad, and when it never runs because the communicator had
+/// failed.
+#[test]
+fn queued_region_calls_always_report_their_end_exactly_once() {
+    use oxccl::{DataType, Kind, Region};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    with_ranks(2, test_config(), |c| {
+        let ends = Arc::new(AtomicUsize::new(0));
+        let oks = Arc::new(AtomicUsize::new(0));
+        let after = || {
+            let (e, o) = (ends.clone(), oks.clone());
+            Box::new(move |r: &oxccl::Result<()>| {
+                e.fetch_add(1, Ordering::SeqCst);
+                if r.is_ok() {
+                    o.fetch_add(1, Ordering::SeqCst);
+                }
+            }) as Box<dyn FnOnce(&oxccl::Result<()>) + Send>
+        };
+        let ran_before = Arc::new(AtomicUsize::new(0));
+        let b = ran_before.clone();
+        let before = Box::new(move || {
+            b.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        });
+        // Success: the data is reduced, `before` ran, `after` saw Ok.
+        let mut buf = vec![c.rank() as f32 + 1.0; 1000];
+        let r = Region::host_mut(oxccl::as_bytes_mut(&mut buf[..]));
+        // SAFETY: `buf` lives until the work is waited for.
+        let w = unsafe {
+            c.collective_regions_async(
+                Kind::AllReduce,
+                None,
+                r,
+                DataType::F32,
+                ReduceOp::Sum,
+                0,
+                before,
+                after(),
+            )
+        };
+        w.wait().unwrap();
+        assert!(buf.iter().all(|x| *x == 3.0));
+        assert_eq!(ran_before.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            (ends.load(Ordering::SeqCst), oks.load(Ordering::SeqCst)),
+            (1, 1)
+        );
+        // Bad arguments: a length that is not whole elements.
+        let r = Region::host_mut(&mut oxccl::as_bytes_mut(&mut buf[..])[..7]);
+        // SAFETY: rejected before anything runs.
+        let w = unsafe {
+            c.collective_regions_async(
+                Kind::AllReduce,
+                None,
+                r,
+                DataType::F32,
+                ReduceOp::Sum,
+                0,
+                Box::new(|| Ok(())),
+                after(),
+            )
+        };
+        assert!(w.wait().is_err());
+        assert_eq!(
+            (ends.load(Ordering::SeqCst), oks.load(Ordering::SeqCst)),
+            (2, 1)
+        );
+        // A failed communicator: the call never runs, `after` still does.
+        c.barrier().unwrap();
+        c.abort();
+        let r = Region::host_mut(oxccl::as_bytes_mut(&mut buf[..]));
+        // SAFETY: `buf` outlives the wait.
+        let w = unsafe {
+            c.collective_regions_async(
+                Kind::AllReduce,
+                None,
+                r,
+                DataType::F32,
+                ReduceOp::Sum,
+                0,
+                Box::new(|| panic!("an aborted communicator ran a call")),
+                after(),
+            )
+        };
+        assert!(w.wait().is_err());
+        assert_eq!(
+            (ends.load(Ordering::SeqCst), oks.load(Ordering::SeqCst)),
+            (3, 1)
+        );
+    });
+}

@@ -117,3 +117,56 @@ fn device_matrix_4_ranks_mixed() {
 fn device_matrix_8_ranks_shm() {
     device_matrix(8, false)
 }
+
+/// NCCL's stream semantics for queued calls: the call returns while the
+/// caller's stream is still held back (by a gate the test opens), the
+/// collective then runs after the stream's earlier work (the upload), and
+/// work queued on the stream afterwards (the download) sees the result.
+#[test]
+fn a_queued_collective_returns_at_once_and_orders_with_the_stream() {
+    if !gpu() {
+        return;
+    }
+    use oxccl::cuda::cudarc::driver::DevicePtr;
+    use oxccl::cuda::StreamGate;
+    for r in with_ranks(2, test_config(), |comm| {
+        let cuda = Cuda::attach(&comm, 0).map_err(|e| e.to_string())?;
+        let ctx = cuda.context().clone();
+        let s = ctx.new_stream().map_err(|e| e.to_string())?;
+        let gate = StreamGate::new(&ctx).map_err(|e| e.to_string())?;
+        let n = 1 << 20;
+        let held = gate.hold(&s).map_err(|e| e.to_string())?;
+        // Queued behind the gate: nothing of this has run yet.
+        let host: Vec<f32> = (0..n)
+            .map(|i| (i % 5) as f32 + comm.rank() as f32)
+            .collect();
+        let buf = s.clone_htod(&host).map_err(|e| e.to_string())?;
+        let ptr = buf.device_ptr(&s).0;
+        // SAFETY: `buf` lives until the stream is synchronised below.
+        let work = unsafe {
+            cuda.enqueue_raw(
+                Kind::AllReduce,
+                None,
+                (ptr, n * 4),
+                oxccl::DataType::F32,
+                ReduceOp::Sum,
+                0,
+                &s,
+            )
+        }
+        .map_err(|e| e.to_string())?;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        if work.is_done() {
+            return Err("the queued call completed while its stream was held".into());
+        }
+        gate.open(held);
+        work.wait().map_err(|e| e.to_string())?;
+        let got = s.clone_dtoh(&buf).map_err(|e| e.to_string())?;
+        match (0..n).find(|&i| got[i] != 2.0 * (i % 5) as f32 + 1.0) {
+            Some(i) => Err(format!("element {i}: {}", got[i])),
+            None => Ok(()),
+        }
+    }) {
+        r.unwrap();
+    }
+}

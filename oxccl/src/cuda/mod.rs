@@ -9,24 +9,28 @@
 //! - the collective starts after the work enqueued on that stream before
 //!   the call (the engine's stream waits on an event recorded there; the
 //!   CPU does not wait for it);
-//! - when the call returns, the collective has completed, so work the
-//!   caller enqueues on any stream afterwards sees the result.
-//!
-//! (NCCL returns as soon as the collective is enqueued; here the calling
-//! thread drives the collective until it completes. The ordering a
-//! program relies on is the same; what differs is that the CPU thread is
-//! busy for the duration.)
+//! - the typed methods return when the collective has completed, so work
+//!   the caller enqueues on any stream afterwards sees the result;
+//! - [`Cuda::enqueue_raw`] returns at once, as NCCL does: the collective
+//!   runs on the communicator's worker, and the caller's stream is held at
+//!   a [`StreamGate`] until it is over, so work enqueued on that stream
+//!   afterwards sees the result (and the stream is released on failure
+//!   too: the failure is in the returned `Work` and in
+//!   `Communicator::async_error`).
 //!
 //! Between ranks the data travels through pinned host staging slots over
 //! the communicator's links (shared memory on a host, TCP or RDMA between
 //! hosts), copied by the device's copy engines and reduced by oxccl's
 //! kernels on the device; several ranks may share one GPU.
 
-use crate::{Communicator, DataType, Element, Error, Kind, ReduceOp, Region, Result};
+mod gate;
+
+use crate::{Communicator, DataType, Element, Error, Kind, ReduceOp, Region, Result, Work};
 use compute_cuda::cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 pub use compute_cuda::{cudarc, probe, CudaCompute};
+pub use gate::StreamGate;
 
 /// A communicator's CUDA engine for one device, and the collectives on
 /// that device's memory (see the module docs).
@@ -36,6 +40,9 @@ pub struct Cuda<'c> {
     ctx: Arc<CudaContext>,
     /// The engine's stream (the engine itself lives in the communicator).
     engine: Arc<CudaStream>,
+    /// The gate queued calls hold their callers' streams at (made at the
+    /// first queued call).
+    gate: OnceLock<Arc<StreamGate>>,
 }
 
 impl std::fmt::Debug for Cuda<'_> {
@@ -67,6 +74,7 @@ impl<'c> Cuda<'c> {
             comm,
             ctx,
             engine: stream,
+            gate: OnceLock::new(),
         })
     }
 
@@ -230,6 +238,66 @@ impl<'c> Cuda<'c> {
         let (r, _rr) = recv.device_ptr_mut(stream);
         let (s, r) = (self.region(s, sn), self.region(r, rn));
         self.run(kind, Some(s), r, T::DTYPE, op, root, stream)
+    }
+
+    /// Queue collective `kind` on raw device addresses of this device after
+    /// the work on `stream`, and return at once (NCCL's semantics): work
+    /// enqueued on `stream` after this call runs once the collective is
+    /// over. Sizes follow the typed methods. The returned `Work` says how
+    /// it went; a failed collective still releases `stream` (its results
+    /// are then undefined; the error is also `async_error`).
+    ///
+    /// # Safety
+    /// As [`collective_raw`](Self::collective_raw), and the memory must
+    /// stay valid and untouched by others until the returned `Work` is
+    /// done (or `stream` has passed the call).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn enqueue_raw(
+        &self,
+        kind: Kind,
+        send: Option<(u64, usize)>,
+        recv: (u64, usize),
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<Work<()>> {
+        let gate = match self.gate.get() {
+            Some(g) => g.clone(),
+            None => {
+                let g = Arc::new(StreamGate::new(&self.ctx)?);
+                self.gate.get_or_init(|| g).clone()
+            }
+        };
+        let fail = |what: &str, e: cudarc::driver::DriverError| Error::Device {
+            device: format!("CUDA device {}", self.ctx.ordinal()),
+            detail: format!("{what}: {e}"),
+        };
+        // Hold and queue under one lock: values open in hand-out order.
+        let _order = gate.order.lock().unwrap();
+        let ready = stream
+            .record_event(None)
+            .map_err(|e| fail("recording the caller's stream", e))?;
+        let value = gate.hold(stream)?;
+        let engine = self.engine.clone();
+        let ordinal = self.ctx.ordinal();
+        let before = Box::new(move || {
+            engine.wait(&ready).map_err(|e| Error::Device {
+                device: format!("CUDA device {ordinal}"),
+                detail: format!("ordering after the caller's stream: {e}"),
+            })
+        });
+        let g = gate.clone();
+        let after = Box::new(move |_: &Result<()>| g.open(value));
+        let (send, recv) = (
+            send.map(|(p, n)| self.region(p, n)),
+            self.region(recv.0, recv.1),
+        );
+        // SAFETY: the caller keeps the memory valid until the work is done.
+        Ok(unsafe {
+            self.comm
+                .collective_regions_async(kind, send, recv, dtype, op, root, before, after)
+        })
     }
 
     /// Collective `kind` on raw device addresses of this device (another
