@@ -21,7 +21,7 @@ use crate::handshake::Secret;
 use crate::id::UniqueId;
 use crate::lane::Lane;
 use crate::mem::shared::SharedMaps;
-use crate::mem::{MemorySpace, Region};
+use crate::mem::Region;
 use crate::schedule::Action;
 use crate::schedule::Schedule;
 use crate::transport::net;
@@ -184,8 +184,8 @@ impl State {
 impl State {
     /// The registered buffer of communicator `comm_id` that `r` lies in.
     fn registered(&self, comm_id: u64, r: &Region) -> Option<Arc<SharedMaps>> {
-        match r.space {
-            MemorySpace::HostRegistered { comm, id } if comm == comm_id => self
+        match r.space.registration() {
+            Some((comm, id)) if comm == comm_id => self
                 .shared
                 .iter()
                 .find(|(i, _)| *i == id)

@@ -45,7 +45,8 @@ pub use group::Group;
 pub use id::UniqueId;
 pub use kernels::{bf16, f16};
 pub use mem::{
-    Buffer, BufferMut, DeviceKind, MemoryRegistration, MemorySpace, Region, SharedBuffer,
+    Buffer, BufferMut, DeviceKind, DeviceSharedBuffer, MemoryRegistration, MemorySpace, Region,
+    SharedBuffer,
 };
 pub use transport::{
     DirectAccess, Endpoint, Link, OneSided, PeerInfo, PeerMemory, Registration, Registry,

@@ -142,7 +142,7 @@ impl CudaCompute {
     }
 
     fn check(&self, what: &str, r: &Region, host_ok: bool) -> Result<()> {
-        if r.space == self.space() || (host_ok && r.space.is_host()) {
+        if self.reaches(r.space) || (host_ok && r.space.is_host()) {
             return Ok(());
         }
         Err(Error::Unsupported(format!(
@@ -284,7 +284,9 @@ impl Compute for CudaCompute {
     }
 
     fn reaches(&self, space: MemorySpace) -> bool {
-        space == self.space()
+        // Its device's memory, registered or not (peers' memory opened
+        // through CUDA IPC is in this device's space too).
+        space.device() == Some((DeviceKind::Cuda, self.ordinal))
     }
 
     fn copy(&mut self, dst: Region, src: Region) -> Result<Pending> {

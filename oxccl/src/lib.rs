@@ -27,8 +27,8 @@ pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
 pub use comm_core::{algorithms, compute, schedule, transport};
 pub use comm_core::{
     as_bytes, as_bytes_mut, bf16, f16, Buffer, BufferMut, Compute, Config, DataType, DeviceKind,
-    Element, Error, Group, HostCompute, MemoryRegistration, MemorySpace, PeerInfo, ReduceOp,
-    Region, Result, SharedBuffer, UniqueId, Work,
+    DeviceSharedBuffer, Element, Error, Group, HostCompute, MemoryRegistration, MemorySpace,
+    PeerInfo, ReduceOp, Region, Result, SharedBuffer, UniqueId, Work,
 };
 
 /// The engine's communicator type, without this crate's constructors

@@ -10,7 +10,7 @@ use crate::{bf16, f16, with_dtype, Communicator, DataType, Element, ReduceOp};
 mod device;
 mod registered;
 #[cfg(feature = "cuda")]
-pub use device::run_device_matrix;
+pub use device::{run_device_matrix, run_device_shared_matrix};
 pub use registered::{run_registered, DirectFrom};
 
 fn err(e: crate::Error) -> String {

@@ -170,3 +170,30 @@ fn a_queued_collective_returns_at_once_and_orders_with_the_stream() {
         r.unwrap();
     }
 }
+
+fn device_shared_matrix(n: usize) {
+    if !gpu() {
+        return;
+    }
+    let counts = [0, 1, 7, n + 1, 100_003];
+    for r in with_ranks(n, test_config(), |comm| {
+        let cuda = Cuda::attach(&comm, 0).map_err(|e| e.to_string())?;
+        oxccl::selftest::run_device_shared_matrix(&cuda, &counts)
+    }) {
+        r.unwrap();
+    }
+}
+
+/// Device memory every rank reaches directly: the direct algorithm on the
+/// device engine over peers' memory (ranks as threads of one process here;
+/// `oxccl-selftest cuda-shared` under oxrun does it across processes, with
+/// CUDA IPC).
+#[test]
+fn device_shared_matrix_2_ranks() {
+    device_shared_matrix(2)
+}
+
+#[test]
+fn device_shared_matrix_4_ranks() {
+    device_shared_matrix(4)
+}

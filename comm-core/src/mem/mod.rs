@@ -16,4 +16,4 @@ pub mod shared;
 pub use buffer::{Buffer, BufferMut};
 pub use memfd::MemfdMemory;
 pub use region::{DeviceKind, MemorySpace, Region};
-pub use shared::{MemoryRegistration, SharedBuffer};
+pub use shared::{DeviceSharedBuffer, MemoryRegistration, SharedBuffer};

@@ -18,12 +18,41 @@ pub enum MemorySpace {
     HostRegistered { comm: u64, id: u64 },
     /// Memory of device `ordinal`.
     Device { kind: DeviceKind, ordinal: u32 },
+    /// Memory of device `ordinal` registered with communicator `comm` as
+    /// allocation `id`: peers of this host reach it directly (CUDA IPC).
+    DeviceRegistered {
+        kind: DeviceKind,
+        ordinal: u32,
+        comm: u64,
+        id: u64,
+    },
 }
 
 impl MemorySpace {
     /// Whether the CPU can load and store it.
     pub fn is_host(self) -> bool {
-        !matches!(self, MemorySpace::Device { .. })
+        !matches!(
+            self,
+            MemorySpace::Device { .. } | MemorySpace::DeviceRegistered { .. }
+        )
+    }
+
+    /// The device it lives on (`None` for host memory).
+    pub fn device(self) -> Option<(DeviceKind, u32)> {
+        match self {
+            MemorySpace::Device { kind, ordinal }
+            | MemorySpace::DeviceRegistered { kind, ordinal, .. } => Some((kind, ordinal)),
+            _ => None,
+        }
+    }
+
+    /// The registration (communicator, allocation), when registered.
+    pub fn registration(self) -> Option<(u64, u64)> {
+        match self {
+            MemorySpace::HostRegistered { comm, id }
+            | MemorySpace::DeviceRegistered { comm, id, .. } => Some((comm, id)),
+            _ => None,
+        }
     }
 }
 
@@ -33,6 +62,9 @@ impl std::fmt::Display for MemorySpace {
             MemorySpace::Host => write!(f, "host memory"),
             MemorySpace::HostRegistered { id, .. } => write!(f, "registered host memory #{id}"),
             MemorySpace::Device { kind, ordinal } => write!(f, "{kind:?} device {ordinal} memory"),
+            MemorySpace::DeviceRegistered {
+                kind, ordinal, id, ..
+            } => write!(f, "registered {kind:?} device {ordinal} memory #{id}"),
         }
     }
 }

@@ -29,8 +29,9 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 const PAGE: usize = 4096;
-/// Largest direct-access handle a transport may produce (bytes).
-const HANDLE_MAX: usize = 64;
+/// Largest direct-access handle a transport may produce (bytes; a CUDA
+/// IPC handle is 64 of its own).
+const HANDLE_MAX: usize = 128;
 /// Bytes per rank in the allocation exchange: length, can-share flag,
 /// handle length and handle, flag-page handle length and handle.
 const RECORD: usize = 8 + 1 + 2 * (1 + HANDLE_MAX);
@@ -190,26 +191,83 @@ impl Communicator {
     /// host, shared memory), the call moves no messages and copies nothing
     /// through intermediate buffers; otherwise it is ordinary memory.
     pub fn alloc_shared<T: Element>(&self, len: usize) -> Result<SharedBuffer<T>> {
-        let (me, n) = (self.rank(), self.nranks());
         let bytes = (len * std::mem::size_of::<T>())
             .max(1)
             .next_multiple_of(PAGE);
-        let direct: Option<Arc<dyn DirectAccess>> = self.inner.direct.clone();
+        let (maps, registered) = self.alloc_maps(len, bytes, self.inner.direct.clone())?;
+        Ok(SharedBuffer {
+            _registered: registered,
+            maps,
+            comm_id: self.id(),
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// Allocate `len` zeroed elements of device memory through `device`
+    /// (a device's direct access, e.g. CUDA IPC), which every rank of this
+    /// host reaches directly when all can (collective, as
+    /// [`alloc_shared`](Self::alloc_shared)). Calls whose buffers are all
+    /// such buffers run the `direct` algorithm on the device engine, the
+    /// phases through this host's shared flag pages; otherwise they are
+    /// device memory like any other (staged).
+    pub fn alloc_shared_device<T: Element>(
+        &self,
+        len: usize,
+        device: Arc<dyn DirectAccess>,
+    ) -> Result<DeviceSharedBuffer<T>> {
+        let bytes = (len * std::mem::size_of::<T>())
+            .max(1)
+            .next_multiple_of(256);
+        let (maps, _) = self.alloc_maps(len, bytes, Some(device))?;
+        let Some((kind, ordinal)) = maps.own.region().space.device() else {
+            return Err(Error::invalid(
+                "alloc_shared_device: the direct access given exports host memory",
+            ));
+        };
+        Ok(DeviceSharedBuffer {
+            space: MemorySpace::DeviceRegistered {
+                kind,
+                ordinal,
+                comm: self.id(),
+                id: maps.id,
+            },
+            maps,
+            len,
+            _t: PhantomData,
+        })
+    }
+
+    /// The collective part of both: export `bytes` through `direct` (or
+    /// allocate plain host memory without), exchange handles, import every
+    /// peer's when every rank could export, share the phase flag pages.
+    fn alloc_maps(
+        &self,
+        len: usize,
+        bytes: usize,
+        direct: Option<Arc<dyn DirectAccess>>,
+    ) -> Result<(Arc<SharedMaps>, Vec<Registration>)> {
+        let (me, n) = (self.rank(), self.nranks());
+        // Phases go through the host's direct access (mapped flag pages),
+        // whatever memory the data is in.
+        let host = self.inner.direct.clone();
         let id = self.run(|_, st| {
             st.shared_allocs += 1;
             Ok(st.shared_allocs)
         })?;
         // Phase flags are pages every rank maps; one-sided access has its
         // phases as messages.
-        let need_flags = direct
-            .as_ref()
-            .is_some_and(|d| d.access() == Access::Mapped)
-            && self.run(|_, st| Ok(st.flags.is_none()))?;
+        let mapped = |d: &Option<Arc<dyn DirectAccess>>| {
+            d.as_ref().is_some_and(|d| d.access() == Access::Mapped)
+        };
+        let need_flags = mapped(&direct) && self.run(|_, st| Ok(st.flags.is_none()))?;
+        // Device memory without mapped host flags cannot run direct phases.
+        let phases_ok = !mapped(&direct) || mapped(&host);
         // Export (or, without direct access, just allocate) our memory.
         // Memory the transport cannot export (RDMA: `ulimit -l`) is still a
         // buffer, just not one peers reach.
         let (own, handle, can_share) = match direct.as_ref().map(|d| d.export(bytes)) {
-            Some(Ok((m, h))) => (m, h, true),
+            Some(Ok((m, h))) => (m, h, phases_ok),
             Some(Err(e)) => {
                 tracing::warn!(
                     "oxccl: alloc_shared: {e}; collectives on this buffer exchange messages"
@@ -218,7 +276,7 @@ impl Communicator {
             }
             None => (local_memory(bytes)?, Vec::new(), false),
         };
-        let (flag_own, flag_handle) = match (&direct, need_flags) {
+        let (flag_own, flag_handle) = match (&host, need_flags && phases_ok) {
             (Some(d), true) => {
                 let (m, h) = d.export(FLAG_PAGE)?;
                 (Some(m), h)
@@ -247,9 +305,9 @@ impl Communicator {
         if let (true, Some(d)) = (zero_copy, &direct) {
             for k in (0..n).filter(|k| *k != me) {
                 peers[k] = Some(d.import(k, get_handle(record(k), 9, k)?, bytes)?);
-                if need_flags {
-                    let h = get_handle(record(k), 10 + HANDLE_MAX, k)?;
-                    flag_peers[k] = match d.import(k, h, FLAG_PAGE)? {
+                if let (true, Some(h)) = (need_flags, &host) {
+                    let handle = get_handle(record(k), 10 + HANDLE_MAX, k)?;
+                    flag_peers[k] = match h.import(k, handle, FLAG_PAGE)? {
                         PeerMemory::Mapped(m) => Some(m),
                         PeerMemory::Remote(_) => {
                             return Err(Error::Protocol(format!(
@@ -264,7 +322,7 @@ impl Communicator {
         // cannot be registered (e.g. `ulimit -l`) still works through bounce
         // buffers.
         let mut registered = Vec::new();
-        if !zero_copy {
+        if !zero_copy && own.region().space.is_host() {
             for r in &self.inner.registries {
                 match Registration::new(r.clone(), own.region()) {
                     Ok(reg) => registered.push(reg),
@@ -293,12 +351,70 @@ impl Communicator {
             // Nobody may close its fds before every peer has opened them.
             self.barrier()?;
         }
-        Ok(SharedBuffer {
-            _registered: registered,
-            maps,
-            comm_id: self.id(),
-            len,
-            _t: PhantomData,
-        })
+        Ok((maps, registered))
+    }
+}
+
+/// A buffer of `T` in device memory registered with a communicator (see
+/// [`Communicator::alloc_shared_device`]). Not readable from the CPU: the
+/// device address is [`device_ptr`](Self::device_ptr); collectives take it
+/// as a buffer like any other.
+pub struct DeviceSharedBuffer<T: Element> {
+    maps: Arc<SharedMaps>,
+    space: MemorySpace,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T: Element> std::fmt::Debug for DeviceSharedBuffer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceSharedBuffer")
+            .field("dtype", &T::DTYPE)
+            .field("len", &self.len)
+            .field("space", &self.space)
+            .field("zero_copy", &self.maps.zero_copy)
+            .finish()
+    }
+}
+
+impl<T: Element> DeviceSharedBuffer<T> {
+    /// Whether collectives on this buffer read peers' memory directly.
+    pub fn is_zero_copy(&self) -> bool {
+        self.maps.zero_copy
+    }
+    /// The device address of element 0.
+    pub fn device_ptr(&self) -> u64 {
+        self.maps.own.region().addr as u64
+    }
+    /// Elements held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether it holds no element.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    fn region_of(&self) -> Region {
+        Region {
+            space: self.space,
+            addr: self.maps.own.region().addr,
+            len: self.len * std::mem::size_of::<T>(),
+        }
+    }
+}
+
+// SAFETY: the allocation holds `len` elements of T (zeroed at creation,
+// then written only by collectives and the owner's device work), aligned
+// to 256 bytes; peers touch it only inside collectives this rank is in.
+unsafe impl<T: Element> Buffer<T> for DeviceSharedBuffer<T> {
+    fn region(&self) -> Region {
+        self.region_of()
+    }
+}
+
+// SAFETY: as above; `&mut self` excludes other uses through this handle.
+unsafe impl<T: Element> super::BufferMut<T> for DeviceSharedBuffer<T> {
+    fn region_mut(&mut self) -> Region {
+        self.region_of()
     }
 }

@@ -14,6 +14,7 @@
 //!   (`direct`: every call runs `direct`; `direct-from=16K`: calls of 16 KiB and up; `messages`: none)
 //! oxrun -n 5 oxccl-selftest soak 20000 7        # random calls (seed 7), each checked
 //! oxrun -n 4 oxccl-selftest cuda-matrix         # the matrix on device memory (cuda feature)
+//! oxrun -n 4 oxccl-selftest cuda-shared 64K    # the same on CUDA IPC buffers (direct)
 //! oxrun -n 4 oxccl-selftest cuda-loop 16M       # device all_reduce until an error
 //! ```
 
@@ -63,16 +64,20 @@ fn cuda_mode(comm: &Communicator, mode: &str, args: &[String]) {
         .and_then(|e| e.local_rank)
         .unwrap_or(rank);
     let cuda = oxccl::cuda::Cuda::attach(comm, local % devices).unwrap_or_else(|e| fail(e));
-    if mode == "cuda-matrix" {
+    if mode == "cuda-matrix" || mode == "cuda-shared" {
         let counts = match args.get(1) {
             Some(s) => vec![0, 1, 7, n - 1, n + 1, bytes_arg(Some(s), 0)],
             None => standard_counts(n),
         };
         let t = Instant::now();
-        oxccl::selftest::run_device_matrix(&cuda, &counts).unwrap_or_else(|e| fail(e));
+        match mode {
+            "cuda-matrix" => oxccl::selftest::run_device_matrix(&cuda, &counts),
+            _ => oxccl::selftest::run_device_shared_matrix(&cuda, &counts),
+        }
+        .unwrap_or_else(|e| fail(e));
         if rank == 0 {
             println!(
-                "cuda-matrix OK: {n} ranks on {devices} device(s), counts {counts:?}, every collective x dtype x op, in and out of place, in {:.1} s",
+                "{mode} OK: {n} ranks on {devices} device(s), counts {counts:?}, every collective x dtype x op, in and out of place, in {:.1} s",
                 t.elapsed().as_secs_f64()
             );
         }
@@ -330,7 +335,7 @@ fn main() {
             );
         }
         #[cfg(feature = "cuda")]
-        "cuda-matrix" | "cuda-loop" => cuda_mode(&comm, mode, &args),
+        "cuda-matrix" | "cuda-shared" | "cuda-loop" => cuda_mode(&comm, mode, &args),
         "soak" => {
             // Random calls, every result checked (same seed on every rank).
             let calls: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);

@@ -25,7 +25,10 @@
 
 mod gate;
 
-use crate::{Communicator, DataType, Element, Error, Kind, ReduceOp, Region, Result, Work};
+use crate::{
+    Buffer, BufferMut, Communicator, DataType, DeviceSharedBuffer, Element, Error, Kind, ReduceOp,
+    Region, Result, Work,
+};
 use compute_cuda::cudarc::driver::{sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
 use std::sync::{Arc, OnceLock};
 
@@ -76,6 +79,36 @@ impl<'c> Cuda<'c> {
             engine: stream,
             gate: OnceLock::new(),
         })
+    }
+
+    /// Allocate `len` zeroed elements of this device's memory that every
+    /// rank of this host reaches directly (CUDA IPC; collective: every rank
+    /// calls it in the same order with the same `len`). Collectives whose
+    /// buffers are all such buffers read peers' memory where it lies (over
+    /// NVLink, PCIe peer access, or on the one GPU ranks share) with the
+    /// `direct` algorithm, no host staging; otherwise they are device
+    /// memory like any other.
+    pub fn alloc_shared<T: Element>(&self, len: usize) -> Result<DeviceSharedBuffer<T>> {
+        let ipc = Arc::new(transport_nvlink::CudaIpc::new(self.ctx.clone()));
+        self.comm.alloc_shared_device(len, ipc)
+    }
+
+    /// Collective `kind` on any buffers of this device (a
+    /// [`DeviceSharedBuffer`], or a framework's storage implementing the
+    /// buffer traits with device regions), ordered after `stream` and
+    /// complete when it returns; `send: None` is in place.
+    pub fn collective<T: Element, S: Buffer<T> + ?Sized, R: BufferMut<T> + ?Sized>(
+        &self,
+        kind: Kind,
+        send: Option<&S>,
+        recv: &mut R,
+        op: ReduceOp,
+        root: usize,
+        stream: &CudaStream,
+    ) -> Result<()> {
+        let s = send.map(|s| s.region());
+        let r = recv.region_mut();
+        self.run(kind, s, r, T::DTYPE, op, root, stream)
     }
 
     /// The device's context.

@@ -155,3 +155,89 @@ pub fn run_device_matrix(cuda: &Cuda, counts: &[usize]) -> Result<(), String> {
     }
     cuda.communicator().barrier().map_err(|e| e.to_string())
 }
+
+/// The matrix on device memory every rank reaches directly (CUDA IPC,
+/// [`Cuda::alloc_shared`]): all_reduce, all_gather, broadcast and
+/// reduce_scatter run the `direct` algorithm on the device engine over
+/// peers' memory (checked through `last_algorithm`), the others exchange
+/// staged messages; every result checked exactly. Two buffers of the
+/// largest size serve every call (prefixes: the same offsets on every
+/// rank, as direct access needs).
+pub fn run_device_shared_matrix(cuda: &Cuda, counts: &[usize]) -> Result<(), String> {
+    let comm = cuda.communicator();
+    let n = comm.nranks();
+    let most = counts.iter().max().copied().unwrap_or(0).max(1) * n;
+    let e = |e: crate::Error| e.to_string();
+    check_shared::<f32>(cuda, counts, most).map_err(|m| format!("f32: {m}"))?;
+    check_shared::<bf16>(cuda, counts, most).map_err(|m| format!("bf16: {m}"))?;
+    check_shared::<i32>(cuda, counts, most).map_err(|m| format!("i32: {m}"))?;
+    comm.barrier().map_err(e)
+}
+
+fn check_shared<T: TestElem>(cuda: &Cuda, counts: &[usize], most: usize) -> Result<(), String> {
+    let comm = cuda.communicator();
+    let (r, n) = (comm.rank(), comm.nranks());
+    let e = |e: crate::Error| e.to_string();
+    let send = cuda.alloc_shared::<T>(most).map_err(e)?;
+    let mut recv = cuda.alloc_shared::<T>(most).map_err(e)?;
+    let zero_copy = send.is_zero_copy() && recv.is_zero_copy();
+    let ctx = cuda.context().clone();
+    each_call(n, counts, &CASES, |case, op, count, root, in_place| {
+        let p = prepare::<T>(case, op, count, root, in_place, r, n);
+        let put = |dst: u64, v: &[T]| -> Result<(), String> {
+            match v.is_empty() {
+                true => Ok(()),
+                // SAFETY: `dst` is a live shared allocation of at least
+                // `most` elements, larger than any prepared buffer.
+                false => unsafe {
+                    crate::cuda::cudarc::driver::result::memcpy_htod_sync(dst, as_bytes(v))
+                }
+                .map_err(|e| e.to_string()),
+            }
+        };
+        if let Some(s) = &p.send {
+            put(send.device_ptr(), s)?;
+        }
+        put(recv.device_ptr(), &p.recv)?;
+        let bytes = |v: &[T]| std::mem::size_of_val(v);
+        let sr = p
+            .send
+            .as_ref()
+            .map(|s| crate::Buffer::<T>::region(&send).sub(0, bytes(s)));
+        let rr = crate::BufferMut::<T>::region_mut(&mut recv).sub(0, bytes(&p.recv));
+        let op = if case.reduces() { op } else { ReduceOp::Sum };
+        // A copy from pageable memory may still be in flight when it
+        // returns; the engine's stream does not wait for the default one.
+        ctx.synchronize().map_err(|e| e.to_string())?;
+        // SAFETY: prefixes of this function's shared buffers, alive and
+        // used by nothing else during the call.
+        unsafe { comm.collective_regions(kind(case), sr, rr, T::DTYPE, op, root) }.map_err(e)?;
+        let direct = matches!(
+            case,
+            Case::AllReduce | Case::AllGather | Case::Broadcast | Case::ReduceScatter
+        );
+        if zero_copy && n > 1 && direct && comm.last_algorithm() != Some("direct") {
+            return Err(format!(
+                "{case:?} on shared device buffers ran {:?}, not direct",
+                comm.last_algorithm()
+            ));
+        }
+        let mut got = vec![T::default(); p.recv.len()];
+        if !got.is_empty() {
+            // SAFETY: reads `got.len()` elements of the live allocation.
+            unsafe {
+                crate::cuda::cudarc::driver::result::memcpy_dtoh_sync(
+                    crate::as_bytes_mut(&mut got[..]),
+                    recv.device_ptr(),
+                )
+            }
+            .map_err(|e| e.to_string())?;
+        }
+        match verify(case, op, count, root, in_place, r, n, &p, &got) {
+            Some(d) => Err(format!(
+                "shared device: rank {r}/{n} {case:?} {op} count {count} root {root} in_place {in_place}: {d}"
+            )),
+            None => Ok(()),
+        }
+    })
+}
