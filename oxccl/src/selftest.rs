@@ -151,6 +151,33 @@ impl Case {
         Case::Barrier,
     ];
 
+    /// The collectives with a send and a receive buffer (what memory other
+    /// than host slices is tested with: not send/recv, not barrier).
+    pub const BUFFERS: [Case; 6] = [
+        Case::AllReduce,
+        Case::Reduce,
+        Case::ReduceScatter,
+        Case::Broadcast,
+        Case::AllGather,
+        Case::AllToAll,
+    ];
+
+    /// The collective kind of a [`Case::BUFFERS`] case (send/recv and
+    /// barrier map to `P2p` and `Barrier`).
+    pub fn kind(self) -> crate::Kind {
+        use crate::Kind;
+        match self {
+            Case::AllReduce => Kind::AllReduce,
+            Case::Reduce => Kind::Reduce,
+            Case::ReduceScatter => Kind::ReduceScatter,
+            Case::Broadcast => Kind::Broadcast,
+            Case::AllGather => Kind::AllGather,
+            Case::AllToAll => Kind::AllToAll,
+            Case::Shift => Kind::P2p,
+            Case::Barrier => Kind::Barrier,
+        }
+    }
+
     /// Whether the reduction operator matters.
     pub fn reduces(self) -> bool {
         matches!(self, Case::AllReduce | Case::Reduce | Case::ReduceScatter)

@@ -198,14 +198,7 @@ fn one<T: TestElem>(
     let p = prepare::<T>(case, op, count, root, in_place, r, n);
     let send = p.send.clone();
     let mut recv = p.recv.clone();
-    let kind = match case {
-        Case::AllReduce => oxccl::Kind::AllReduce,
-        Case::Reduce => oxccl::Kind::Reduce,
-        Case::ReduceScatter => oxccl::Kind::ReduceScatter,
-        Case::Broadcast => oxccl::Kind::Broadcast,
-        Case::AllGather => oxccl::Kind::AllGather,
-        _ => oxccl::Kind::AllToAll,
-    };
+    let kind = case.kind();
     let op = if case.reduces() { op } else { ReduceOp::Sum };
     let s = send
         .as_ref()
@@ -227,15 +220,6 @@ fn one<T: TestElem>(
     }
 }
 
-const CASES: [Case; 6] = [
-    Case::AllReduce,
-    Case::Reduce,
-    Case::ReduceScatter,
-    Case::Broadcast,
-    Case::AllGather,
-    Case::AllToAll,
-];
-
 fn matrix(n: usize, mixed: bool) {
     let sleeps = Arc::new(AtomicU64::new(0));
     let cfg = |r: usize| match mixed {
@@ -246,11 +230,16 @@ fn matrix(n: usize, mixed: bool) {
     for r in with_rank_configs(n, cfg, |comm| {
         comm.add_compute(Box::new(AsyncEngine::new(sleeps.clone())))
             .unwrap();
-        each_call(n, &counts, &CASES, |case, op, count, root, in_place| {
-            one::<f32>(&comm, case, op, count, root, in_place)?;
-            one::<i32>(&comm, case, op, count, root, in_place)?;
-            one::<oxccl::bf16>(&comm, case, op, count, root, in_place)
-        })
+        each_call(
+            n,
+            &counts,
+            &Case::BUFFERS,
+            |case, op, count, root, in_place| {
+                one::<f32>(&comm, case, op, count, root, in_place)?;
+                one::<i32>(&comm, case, op, count, root, in_place)?;
+                one::<oxccl::bf16>(&comm, case, op, count, root, in_place)
+            },
+        )
     }) {
         r.unwrap();
     }

@@ -8,30 +8,12 @@
 use super::{each_call, prepare, verify, Case, TestElem};
 use crate::cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use crate::cuda::Cuda;
-use crate::{as_bytes, bf16, f16, Kind, ReduceOp};
+use crate::{as_bytes, bf16, f16, ReduceOp};
 use std::sync::Arc;
 
 /// The collectives of the device matrix (send/recv and barrier carry no
 /// device buffers here).
-const CASES: [Case; 6] = [
-    Case::AllReduce,
-    Case::Reduce,
-    Case::ReduceScatter,
-    Case::Broadcast,
-    Case::AllGather,
-    Case::AllToAll,
-];
-
-fn kind(case: Case) -> Kind {
-    match case {
-        Case::AllReduce => Kind::AllReduce,
-        Case::Reduce => Kind::Reduce,
-        Case::ReduceScatter => Kind::ReduceScatter,
-        Case::Broadcast => Kind::Broadcast,
-        Case::AllGather => Kind::AllGather,
-        _ => Kind::AllToAll,
-    }
-}
+const CASES: [Case; 6] = Case::BUFFERS;
 
 /// Host bytes on the device (`None` for no bytes: no allocation).
 fn upload(stream: &Arc<CudaStream>, bytes: &[u8]) -> Result<Option<CudaSlice<u8>>, String> {
@@ -77,7 +59,7 @@ fn one<T: TestElem>(
     // device, alive until after the call, holding whole elements.
     unsafe {
         cuda.collective_raw(
-            kind(case),
+            case.kind(),
             send_arg,
             (addr(&recv), recv_bytes),
             T::DTYPE,
@@ -211,7 +193,7 @@ fn check_shared<T: TestElem>(cuda: &Cuda, counts: &[usize], most: usize) -> Resu
         ctx.synchronize().map_err(|e| e.to_string())?;
         // SAFETY: prefixes of this function's shared buffers, alive and
         // used by nothing else during the call.
-        unsafe { comm.collective_regions(kind(case), sr, rr, T::DTYPE, op, root) }.map_err(e)?;
+        unsafe { comm.collective_regions(case.kind(), sr, rr, T::DTYPE, op, root) }.map_err(e)?;
         let direct = matches!(
             case,
             Case::AllReduce | Case::AllGather | Case::Broadcast | Case::ReduceScatter
