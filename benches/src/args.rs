@@ -134,7 +134,7 @@ USAGE: <collective>_perf
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
   [--transport <auto|tcp|shm|rdma>]      force a transport
   [--algo <auto|NAME>]                   force an algorithm (ring, oneshot, chain, direct, ...)
-  [--registered]                         use communicator-registered buffers
+  [--registered]                         use communicator-registered buffers (with --mem cuda: CUDA IPC buffers)
   [--mem <host|cuda>]                    buffer memory (default: cuda in a cuda build on a host with a GPU, else host)
   [--plot <file.svg>]                    bus bandwidth and time against size
   [--limit <GB/s>]                       draw a machine limit on the plot

@@ -3,14 +3,16 @@
 //! collective runs through `oxccl::cuda::Cuda` on the device's memory;
 //! the checked run's result is downloaded and checked like a host run's.
 //! Each call returns after the device finished it, so the timed loop's
-//! wall time is the collectives' time.
+//! wall time is the collectives' time. With `--registered` the buffers are
+//! CUDA IPC allocations every rank reaches (`Cuda::alloc_shared`): the
+//! `direct` algorithm on the device, no host staging.
 
 use super::{timed, Case};
 use crate::coll::{Coll, Shape};
-use oxccl::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+use oxccl::cuda::cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use oxccl::cuda::Cuda;
 use oxccl::selftest::TestElem;
-use oxccl::{as_bytes, as_bytes_mut, Communicator, Error, Kind};
+use oxccl::{as_bytes, as_bytes_mut, Communicator, DeviceSharedBuffer, Error, Kind};
 use std::sync::Arc;
 
 /// The device of this rank (local rank round robin over the host's GPUs)
@@ -89,6 +91,9 @@ impl<'c> Device<'c> {
             }
         };
         let shape = case.coll.shape(bytes, T::DTYPE.size(), comm.nranks());
+        if args.registered {
+            return self.measure_shared::<T>(comm, args, case, kind, shape, in_place);
+        }
         let mut host = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
         let send = self.upload(as_bytes(&host.send[..]))?;
         let recv = self.upload(as_bytes(&host.recv[..]))?;
@@ -128,6 +133,72 @@ impl<'c> Device<'c> {
                 .wrong(comm, &shape, &host, case.op, case.root, in_place);
         }
         let (secs, wrong) = timed(comm, args, wrong, run)?;
+        Ok((secs, wrong, shape))
+    }
+
+    /// [`measure`](Self::measure) on shared device buffers.
+    fn measure_shared<T: TestElem>(
+        &self,
+        comm: &Communicator,
+        args: &crate::Args,
+        case: &Case,
+        kind: Kind,
+        shape: Shape,
+        in_place: bool,
+    ) -> oxccl::Result<(f64, u64, Shape)> {
+        let mut host = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
+        let mut send = self.cuda.alloc_shared::<T>(shape.send_len)?;
+        let mut recv = self.cuda.alloc_shared::<T>(shape.recv_len)?;
+        let put = |dst: u64, v: &[T]| -> oxccl::Result<()> {
+            if v.is_empty() {
+                return Ok(());
+            }
+            // SAFETY: `dst` is a live shared allocation of `v.len()` elements.
+            unsafe { result::memcpy_htod_sync(dst, as_bytes(v)) }.map_err(driver)?;
+            self.cuda.context().synchronize().map_err(driver)
+        };
+        put(send.device_ptr(), &host.send)?;
+        put(recv.device_ptr(), &host.recv)?;
+        let (op, root) = (case.op, case.root);
+        let run = |send: &mut DeviceSharedBuffer<T>, recv: &mut DeviceSharedBuffer<T>| {
+            let c = &self.cuda;
+            match (in_place, case.coll) {
+                (false, _) => c.collective(kind, Some(&*send), recv, op, root, &self.stream),
+                (true, Coll::ReduceScatter) => c.collective(
+                    kind,
+                    None::<&DeviceSharedBuffer<T>>,
+                    send,
+                    op,
+                    root,
+                    &self.stream,
+                ),
+                (true, _) => c.collective(
+                    kind,
+                    None::<&DeviceSharedBuffer<T>>,
+                    recv,
+                    op,
+                    root,
+                    &self.stream,
+                ),
+            }
+        };
+        run(&mut send, &mut recv)?;
+        let mut wrong = 0;
+        if args.check {
+            let get = |src: u64, v: &mut [T]| -> oxccl::Result<()> {
+                if v.is_empty() {
+                    return Ok(());
+                }
+                // SAFETY: reads `v.len()` elements of a live allocation.
+                unsafe { result::memcpy_dtoh_sync(as_bytes_mut(v), src) }.map_err(driver)
+            };
+            get(send.device_ptr(), &mut host.send)?;
+            get(recv.device_ptr(), &mut host.recv)?;
+            wrong = case
+                .coll
+                .wrong(comm, &shape, &host, case.op, case.root, in_place);
+        }
+        let (secs, wrong) = timed(comm, args, wrong, || run(&mut send, &mut recv))?;
         Ok((secs, wrong, shape))
     }
 }

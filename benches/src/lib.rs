@@ -372,11 +372,6 @@ fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::
     };
     #[cfg(feature = "cuda")]
     let dev = match args.mem {
-        args::Mem::Cuda if args.registered => {
-            return Err(oxccl::Error::invalid(
-                "--registered and --mem cuda: registered buffers are host memory",
-            ))
-        }
         args::Mem::Cuda => Some(device::Device::new(comm)?),
         args::Mem::Host => None,
     };
