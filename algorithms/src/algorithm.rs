@@ -31,6 +31,8 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::chain::Chain,
     &crate::pairwise::Pairwise,
     &crate::dissemination::Dissemination,
+    &crate::doubling::Doubling,
+    &crate::bruck::Bruck,
 ];
 
 /// The algorithm called `name`.

@@ -122,6 +122,9 @@ impl Setup {
 pub struct RankRun {
     pub mem: Setup,
     done: Vec<bool>,
+    /// When each step completed, on one clock for all ranks (an order in
+    /// which the whole call could have run).
+    finished: Vec<u64>,
     /// The ranks whose entry into the call this rank's steps causally
     /// follow (itself, what its receives carried, everyone after a `Sync`).
     pub heard: Vec<bool>,
@@ -164,6 +167,7 @@ pub fn simulate(
         .map(|(r, (s, sc))| RankRun {
             mem: s.clone(),
             done: vec![false; sc.steps.len()],
+            finished: vec![0; sc.steps.len()],
             heard: (0..n).map(|k| k == r).collect(),
         })
         .collect();
@@ -232,6 +236,7 @@ pub fn simulate(
     let mut sync_arrival: HashMap<(usize, usize), Clock> = HashMap::new();
     let mut msgs: HashMap<(usize, usize, usize), Message> = HashMap::new();
     let mut allow_victim = false;
+    let mut tick = 0u64;
     loop {
         let mut progressed = false;
         for r in 0..n {
@@ -409,6 +414,8 @@ pub fn simulate(
                     events[r] = now[r];
                     clocks[r][i] = Some(now);
                     ranks[r].done[i] = true;
+                    tick += 1;
+                    ranks[r].finished[i] = tick;
                     progressed = true;
                 }
             }
@@ -604,6 +611,7 @@ pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), Strin
         .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, &scheds[rank]))
         .collect();
     let runs = simulate_runs(scheds, &setups, spec.kind == Kind::Barrier)?;
+    order::check(scheds, &setups, &runs)?;
     let count = spec.count;
     let olen = spec.output_len();
     let out = |r: usize| runs[r].mem.view(OUTPUT, olen);
@@ -759,5 +767,6 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
     v
 }
 
+mod order;
 #[cfg(test)]
 mod tests;

@@ -12,10 +12,12 @@
 //! [`algorithm::REGISTRY`].
 
 pub mod algorithm;
+pub mod bruck;
 pub mod chain;
 pub mod check;
 pub mod direct;
 pub mod dissemination;
+pub mod doubling;
 pub mod oneshot;
 pub mod p2p;
 pub mod pairwise;

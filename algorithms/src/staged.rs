@@ -179,7 +179,7 @@ mod tests {
     fn staged_schedules_pass_the_checker() {
         let mut checked = 0;
         for kind in Kind::COLLECTIVES {
-            for n in (1..=7).chain([16]) {
+            for n in (1..=6).chain([9]) {
                 for spec in specs(kind, n) {
                     if spec.direct.is_some() {
                         continue;

@@ -125,3 +125,31 @@ fn staged_shm_3_ranks() {
 fn staged_mixed_4_ranks() {
     staged(4, true)
 }
+
+/// The matrix with an algorithm forced (`OXCCL_ALGO`; the collectives it
+/// does not run keep the automatic choice), on a rank count that is not a
+/// power of two.
+fn forced(algo: &str, n: usize, mixed: bool) {
+    let cfg = |r: usize| oxccl::Config {
+        algo: Some(algo.into()),
+        ..match mixed {
+            true => host_config(r % 2),
+            false => test_config(),
+        }
+    };
+    check(with_rank_configs(n, cfg, |comm| {
+        run_matrix(&comm, &standard_counts(n))
+    }));
+}
+
+#[test]
+fn forced_doubling_shm_5_ranks_and_mixed_6() {
+    forced("doubling", 5, false);
+    forced("doubling", 6, true);
+}
+
+#[test]
+fn forced_bruck_shm_5_ranks_and_mixed_6() {
+    forced("bruck", 5, false);
+    forced("bruck", 6, true);
+}

@@ -48,6 +48,44 @@ fn every_registered_algorithm_is_correct_in_and_out_of_place() {
     assert!(checked > 1000, "only {checked} cases checked");
 }
 
+/// The logarithmic algorithms, whose structure depends on the rank count's
+/// bits, on every rank count from 1 to 33.
+#[test]
+fn logarithmic_algorithms_are_correct_for_1_to_33_ranks() {
+    let mut checked = 0;
+    // (Fewer shapes than `cases`, which the 1-8 test runs in full: here
+    // the rank count is what varies.)
+    for name in ["doubling", "bruck"] {
+        let alg = crate::find(name).unwrap();
+        for kind in Kind::COLLECTIVES {
+            for n in 1..=33 {
+                for count in [0, 1, 3] {
+                    for chunk in [2, usize::MAX] {
+                        for in_place in [false, true] {
+                            for root in [0, n / 2, n - 1] {
+                                let spec = CollSpec {
+                                    chunk,
+                                    in_place,
+                                    root,
+                                    ..CollSpec::new(kind, 0, n, count)
+                                };
+                                if !alg.supports(&spec) {
+                                    continue;
+                                }
+                                if let Err(e) = check_algorithm(alg, &spec) {
+                                    panic!("{e}");
+                                }
+                                checked += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} cases checked");
+}
+
 #[test]
 fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     let t = Tuning::default();
@@ -265,4 +303,26 @@ fn a_barrier_a_rank_can_leave_early_is_caught() {
     assert!(e.contains("before rank"), "{e}");
     let fixed = crate::dissemination::Dissemination;
     assert_eq!(check_algorithm(&fixed, &spec), Ok(()));
+}
+
+/// Two local steps writing the same elements with nothing ordering them:
+/// the simulation (eager, in schedule order) gets the right result, but an
+/// executor may run them the other way round; the order check refuses it,
+/// and accepts it once the second depends on the first.
+#[test]
+fn an_unordered_local_overwrite_is_caught() {
+    let spec = CollSpec::new(Kind::AllReduce, 0, 1, 2);
+    let both = |deps: &[u32]| {
+        let mut s = Schedule::default();
+        let whole = || Action::Copy {
+            src: Span::new(INPUT, 0, 2),
+            dst: Span::new(OUTPUT, 0, 2),
+        };
+        s.push(whole(), &[]);
+        s.push(whole(), deps);
+        s
+    };
+    let e = check_schedules(&spec, &[both(&[])]).unwrap_err();
+    assert!(e.contains("without happening after"), "{e}");
+    check_schedules(&spec, &[both(&[0])]).unwrap();
 }
