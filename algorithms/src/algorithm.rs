@@ -33,6 +33,7 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::dissemination::Dissemination,
     &crate::doubling::Doubling,
     &crate::bruck::Bruck,
+    &crate::tree::Tree,
 ];
 
 /// The algorithm called `name`.

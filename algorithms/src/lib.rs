@@ -25,6 +25,7 @@ pub mod ring;
 pub mod schedule;
 pub mod spec;
 pub mod staged;
+pub mod tree;
 
 pub use algorithm::{choose, find, names, Algorithm, REGISTRY};
 pub use p2p::{p2p, P2pStep};

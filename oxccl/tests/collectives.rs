@@ -153,3 +153,9 @@ fn forced_bruck_shm_5_ranks_and_mixed_6() {
     forced("bruck", 5, false);
     forced("bruck", 6, true);
 }
+
+#[test]
+fn forced_tree_shm_5_ranks_and_mixed_6() {
+    forced("tree", 5, false);
+    forced("tree", 6, true);
+}
