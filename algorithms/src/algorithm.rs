@@ -34,6 +34,7 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::doubling::Doubling,
     &crate::bruck::Bruck,
     &crate::tree::Tree,
+    &crate::dbtree::DoubleTree,
 ];
 
 /// The algorithm called `name`.

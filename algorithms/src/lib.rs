@@ -15,6 +15,7 @@ pub mod algorithm;
 pub mod bruck;
 pub mod chain;
 pub mod check;
+pub mod dbtree;
 pub mod direct;
 pub mod dissemination;
 pub mod doubling;

@@ -159,3 +159,9 @@ fn forced_tree_shm_5_ranks_and_mixed_6() {
     forced("tree", 5, false);
     forced("tree", 6, true);
 }
+
+#[test]
+fn forced_dbtree_shm_5_ranks_and_mixed_6() {
+    forced("dbtree", 5, false);
+    forced("dbtree", 6, true);
+}
