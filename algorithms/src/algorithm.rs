@@ -35,6 +35,7 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::bruck::Bruck,
     &crate::tree::Tree,
     &crate::dbtree::DoubleTree,
+    &crate::halving::Halving,
 ];
 
 /// The algorithm called `name`.

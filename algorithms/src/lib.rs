@@ -19,6 +19,7 @@ pub mod dbtree;
 pub mod direct;
 pub mod dissemination;
 pub mod doubling;
+pub mod halving;
 pub mod oneshot;
 pub mod p2p;
 pub mod pairwise;

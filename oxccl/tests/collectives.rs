@@ -165,3 +165,9 @@ fn forced_dbtree_shm_5_ranks_and_mixed_6() {
     forced("dbtree", 5, false);
     forced("dbtree", 6, true);
 }
+
+#[test]
+fn forced_halving_shm_5_ranks_and_mixed_6() {
+    forced("halving", 5, false);
+    forced("halving", 6, true);
+}
