@@ -50,7 +50,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_SHM_BUFFSIZE", &["1", "x"]),
         ("OXCCL_ONESHOT_BYTES", &["x", "-1"]),
         ("OXCCL_TRANSPORT", &["udp"]),
-        ("OXCCL_ALGO", &["tree"]),
+        ("OXCCL_ALGO", &["spanning-tree"]),
         ("OXCCL_KERNEL_ISA", &["foo"]),
         ("OXCCL_DEBUG", &["foo"]),
         ("OXCCL_IB_TC", &["256"]),
