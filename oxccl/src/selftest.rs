@@ -184,6 +184,40 @@ impl Case {
     }
 }
 
+/// One call of the matrix: which collective, operator, NCCL-style count
+/// (per rank for the segmented collectives), root, in place or not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Call {
+    pub case: Case,
+    pub op: ReduceOp,
+    pub count: usize,
+    pub root: usize,
+    pub in_place: bool,
+}
+
+impl Call {
+    /// The operator the call runs (`Sum` where none applies).
+    pub fn op(&self) -> ReduceOp {
+        if self.case.reduces() {
+            self.op
+        } else {
+            ReduceOp::Sum
+        }
+    }
+
+    /// How failures name it: `rank 1/4 f32 AllReduce sum count 7 root 0 in_place false`.
+    pub fn describe(&self, dtype: DataType, r: usize, n: usize) -> String {
+        format!(
+            "rank {r}/{n} {dtype} {:?} {} count {} root {} in_place {}",
+            self.case,
+            self.op(),
+            self.count,
+            self.root,
+            self.in_place
+        )
+    }
+}
+
 /// One collective's buffers before the call, as every path of the matrix
 /// fills them: `send` (`None` in place) and `recv`.
 #[derive(Debug)]
@@ -195,16 +229,15 @@ pub struct Prepared<T> {
 /// The buffers of rank `r` of `n` for `case` (not `Shift` or `Barrier`,
 /// which have their own calls): exact-valued data, the receive buffer as
 /// the call expects it (in place: holding this rank's contribution).
-pub fn prepare<T: TestElem>(
-    case: Case,
-    op: ReduceOp,
-    count: usize,
-    root: usize,
-    in_place: bool,
-    r: usize,
-    n: usize,
-) -> Prepared<T> {
-    let op = if case.reduces() { op } else { ReduceOp::Sum };
+pub fn prepare<T: TestElem>(call: &Call, r: usize, n: usize) -> Prepared<T> {
+    let Call {
+        case,
+        count,
+        root,
+        in_place,
+        ..
+    } = *call;
+    let op = call.op();
     let (send, recv): (Vec<T>, Vec<T>) = match case {
         Case::AllReduce => {
             let input = data(op, r, 0, count);
@@ -256,19 +289,21 @@ pub fn prepare<T: TestElem>(
 /// The first element of `got` (rank `r`'s receive buffer after `case`)
 /// that differs from the exact result, formatted; `before` is what
 /// [`prepare`] gave.
-#[allow(clippy::too_many_arguments)]
 pub fn verify<T: TestElem>(
-    case: Case,
-    op: ReduceOp,
-    count: usize,
-    root: usize,
-    in_place: bool,
+    call: &Call,
     r: usize,
     n: usize,
     before: &Prepared<T>,
     got: &[T],
 ) -> Option<String> {
-    let op = if case.reduces() { op } else { ReduceOp::Sum };
+    let Call {
+        case,
+        count,
+        root,
+        in_place,
+        ..
+    } = *call;
+    let op = call.op();
     let v = |rank: usize, i: usize| T::from_i(value(op, rank, i));
     match case {
         Case::AllReduce => first_diff(got, |i| expected(op, n, i)),
@@ -298,17 +333,17 @@ pub fn verify<T: TestElem>(
 /// Run one call with exact-valued data and check every element this rank
 /// holds afterwards. `count` is the NCCL-style count (per rank for the
 /// segmented collectives).
-pub fn run_one<T: TestElem>(
-    comm: &Communicator,
-    case: Case,
-    op: ReduceOp,
-    count: usize,
-    root: usize,
-    in_place: bool,
-) -> Result<(), String> {
+pub fn run_one<T: TestElem>(comm: &Communicator, call: &Call) -> Result<(), String> {
     let (r, n) = (comm.rank(), comm.nranks());
-    let op = if case.reduces() { op } else { ReduceOp::Sum };
-    let p = prepare::<T>(case, op, count, root, in_place, r, n);
+    let Call {
+        case,
+        count,
+        root,
+        in_place,
+        ..
+    } = *call;
+    let op = call.op();
+    let p = prepare::<T>(call, r, n);
     let mut out = p.recv.clone();
     match (case, &p.send) {
         (Case::AllReduce, None) => comm.all_reduce_in_place(&mut out, op),
@@ -335,12 +370,9 @@ pub fn run_one<T: TestElem>(
         (Case::Barrier, _) => comm.barrier(),
     }
     .map_err(err)?;
-    match verify(case, op, count, root, in_place, r, n, &p, &out) {
+    match verify(call, r, n, &p, &out) {
         Some(d) => {
-            let m = format!(
-                "rank {r}/{n} {} {case:?} {op} count {count} root {root} in_place {in_place}: {d}",
-                T::DTYPE
-            );
+            let m = format!("{}: {d}", call.describe(T::DTYPE, r, n));
             eprintln!("selftest failure: {m}");
             Err(m)
         }
@@ -350,12 +382,12 @@ pub fn run_one<T: TestElem>(
 
 /// Every call of the matrix for `n` ranks: each count, case, operator
 /// (the reducing cases), in and out of place, with a root that moves.
-/// `cases` narrows the cases (`None`: all).
+/// `cases` says which cases.
 pub fn each_call(
     n: usize,
     counts: &[usize],
     cases: &[Case],
-    mut call: impl FnMut(Case, ReduceOp, usize, usize, bool) -> Result<(), String>,
+    mut run: impl FnMut(&Call) -> Result<(), String>,
 ) -> Result<(), String> {
     for &count in counts {
         for &case in cases {
@@ -371,7 +403,13 @@ pub fn each_call(
             for (oi, &op) in ops.iter().enumerate() {
                 let root = (oi + count) % n;
                 for in_place in [false, true] {
-                    call(case, op, c, root, in_place)?;
+                    run(&Call {
+                        case,
+                        op,
+                        count: c,
+                        root,
+                        in_place,
+                    })?;
                 }
             }
         }
@@ -380,12 +418,9 @@ pub fn each_call(
 }
 
 fn check_type<T: TestElem>(comm: &Communicator, counts: &[usize]) -> Result<(), String> {
-    each_call(
-        comm.nranks(),
-        counts,
-        &Case::ALL,
-        |case, op, count, root, in_place| run_one::<T>(comm, case, op, count, root, in_place),
-    )
+    each_call(comm.nranks(), counts, &Case::ALL, |call| {
+        run_one::<T>(comm, call)
+    })
 }
 
 /// A deterministic generator every rank seeds alike, so all ranks draw the
@@ -432,7 +467,14 @@ pub fn soak(
         };
         let root = rng.below(n);
         let in_place = rng.below(2) == 1;
-        with_dtype!(dtype, T => run_one::<T>(comm, case, op, count, root, in_place))?;
+        let call = Call {
+            case,
+            op,
+            count,
+            root,
+            in_place,
+        };
+        with_dtype!(dtype, T => run_one::<T>(comm, &call))?;
     }
     Ok(calls)
 }

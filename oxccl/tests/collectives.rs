@@ -142,32 +142,21 @@ fn forced(algo: &str, n: usize, mixed: bool) {
     }));
 }
 
-#[test]
-fn forced_doubling_shm_5_ranks_and_mixed_6() {
-    forced("doubling", 5, false);
-    forced("doubling", 6, true);
+/// One test per forced algorithm: 5 ranks over shared memory, 6 mixed.
+macro_rules! forced_tests {
+    ($($name:ident: $algo:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            forced($algo, 5, false);
+            forced($algo, 6, true);
+        }
+    )*};
 }
 
-#[test]
-fn forced_bruck_shm_5_ranks_and_mixed_6() {
-    forced("bruck", 5, false);
-    forced("bruck", 6, true);
-}
-
-#[test]
-fn forced_tree_shm_5_ranks_and_mixed_6() {
-    forced("tree", 5, false);
-    forced("tree", 6, true);
-}
-
-#[test]
-fn forced_dbtree_shm_5_ranks_and_mixed_6() {
-    forced("dbtree", 5, false);
-    forced("dbtree", 6, true);
-}
-
-#[test]
-fn forced_halving_shm_5_ranks_and_mixed_6() {
-    forced("halving", 5, false);
-    forced("halving", 6, true);
+forced_tests! {
+    forced_doubling: "doubling",
+    forced_bruck: "bruck",
+    forced_tree: "tree",
+    forced_dbtree: "dbtree",
+    forced_halving: "halving",
 }

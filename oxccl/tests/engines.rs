@@ -11,8 +11,8 @@
 
 mod common;
 use common::*;
-use oxccl::selftest::{each_call, prepare, verify, Case, TestElem};
-use oxccl::{Compute, DataType, DeviceKind, HostCompute, MemorySpace, ReduceOp, Region, Result};
+use oxccl::selftest::{each_call, prepare, verify, Call, Case, TestElem};
+use oxccl::{Compute, DataType, DeviceKind, HostCompute, MemorySpace, Region, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -186,36 +186,21 @@ fn device(r: Region) -> Region {
 }
 
 /// One call of the matrix on "device" buffers through the engine.
-fn one<T: TestElem>(
-    comm: &oxccl::Communicator,
-    case: Case,
-    op: ReduceOp,
-    count: usize,
-    root: usize,
-    in_place: bool,
-) -> std::result::Result<(), String> {
+fn one<T: TestElem>(comm: &oxccl::Communicator, call: &Call) -> std::result::Result<(), String> {
     let (r, n) = (comm.rank(), comm.nranks());
-    let p = prepare::<T>(case, op, count, root, in_place, r, n);
+    let p = prepare::<T>(call, r, n);
     let send = p.send.clone();
     let mut recv = p.recv.clone();
-    let kind = case.kind();
-    let op = if case.reduces() { op } else { ReduceOp::Sum };
     let s = send
         .as_ref()
         .map(|s| device(Region::host(oxccl::as_bytes(&s[..]))));
     let d = device(Region::host_mut(oxccl::as_bytes_mut(&mut recv[..])));
+    let what = || call.describe(T::DTYPE, r, n);
     // SAFETY: both vectors live past the call and nothing else uses them.
-    unsafe { comm.collective_regions(kind, s, d, T::DTYPE, op, root) }.map_err(|e| {
-        format!(
-            "rank {r}: {} {case:?} {op} count {count} in_place {in_place}: {e}",
-            T::DTYPE
-        )
-    })?;
-    match verify(case, op, count, root, in_place, r, n, &p, &recv) {
-        Some(e) => Err(format!(
-            "{} {case:?} {op} count {count} in_place {in_place}: {e}",
-            T::DTYPE
-        )),
+    unsafe { comm.collective_regions(call.case.kind(), s, d, T::DTYPE, call.op(), call.root) }
+        .map_err(|e| format!("{}: {e}", what()))?;
+    match verify(call, r, n, &p, &recv) {
+        Some(e) => Err(format!("{}: {e}", what())),
         None => Ok(()),
     }
 }
@@ -230,16 +215,11 @@ fn matrix(n: usize, mixed: bool) {
     for r in with_rank_configs(n, cfg, |comm| {
         comm.add_compute(Box::new(AsyncEngine::new(sleeps.clone())))
             .unwrap();
-        each_call(
-            n,
-            &counts,
-            &Case::BUFFERS,
-            |case, op, count, root, in_place| {
-                one::<f32>(&comm, case, op, count, root, in_place)?;
-                one::<i32>(&comm, case, op, count, root, in_place)?;
-                one::<oxccl::bf16>(&comm, case, op, count, root, in_place)
-            },
-        )
+        each_call(n, &counts, &Case::BUFFERS, |call| {
+            one::<f32>(&comm, call)?;
+            one::<i32>(&comm, call)?;
+            one::<oxccl::bf16>(&comm, call)
+        })
     }) {
         r.unwrap();
     }

@@ -5,7 +5,7 @@
 //! ([`Cuda::collective_raw`], what other frameworks use); f32 all_reduce
 //! also through the typed one on cudarc slices.
 
-use super::{each_call, prepare, verify, Case, TestElem};
+use super::{each_call, prepare, verify, Call, Case, TestElem};
 use crate::cuda::cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use crate::cuda::Cuda;
 use crate::{as_bytes, bf16, f16, ReduceOp};
@@ -32,18 +32,10 @@ fn from_bytes<T: TestElem>(b: &[u8]) -> Vec<T> {
     v
 }
 
-fn one<T: TestElem>(
-    cuda: &Cuda,
-    stream: &Arc<CudaStream>,
-    case: Case,
-    op: ReduceOp,
-    count: usize,
-    root: usize,
-    in_place: bool,
-) -> Result<(), String> {
+fn one<T: TestElem>(cuda: &Cuda, stream: &Arc<CudaStream>, call: &Call) -> Result<(), String> {
     let comm = cuda.communicator();
     let (r, n) = (comm.rank(), comm.nranks());
-    let p = prepare::<T>(case, op, count, root, in_place, r, n);
+    let p = prepare::<T>(call, r, n);
     let send = match &p.send {
         Some(s) => Some(upload(stream, as_bytes(&s[..]))?),
         None => None,
@@ -54,7 +46,7 @@ fn one<T: TestElem>(
     let send_arg = send
         .as_ref()
         .map(|s| (addr(s), s.as_ref().map_or(0, |s| s.len())));
-    let op = if case.reduces() { op } else { ReduceOp::Sum };
+    let (case, op, root) = (call.case, call.op(), call.root);
     // SAFETY: the addresses are this test's own allocations on the
     // device, alive until after the call, holding whole elements.
     unsafe {
@@ -73,11 +65,8 @@ fn one<T: TestElem>(
         Some(d) => from_bytes(&stream.clone_dtoh(d).map_err(|e| format!("download: {e}"))?),
         None => Vec::new(),
     };
-    match verify(case, op, count, root, in_place, r, n, &p, &got) {
-        Some(d) => Err(format!(
-            "device: rank {r}/{n} {} {case:?} {op} count {count} root {root} in_place {in_place}: {d}",
-            T::DTYPE
-        )),
+    match verify(call, r, n, &p, &got) {
+        Some(d) => Err(format!("device: {}: {d}", call.describe(T::DTYPE, r, n))),
         None => Ok(()),
     }
 }
@@ -88,9 +77,7 @@ fn check_type<T: TestElem>(
     counts: &[usize],
 ) -> Result<(), String> {
     let n = cuda.communicator().nranks();
-    each_call(n, counts, &CASES, |case, op, count, root, in_place| {
-        one::<T>(cuda, stream, case, op, count, root, in_place)
-    })
+    each_call(n, counts, &CASES, |call| one::<T>(cuda, stream, call))
 }
 
 /// f32 all_reduce through the typed entry, on cudarc slices, out of place
@@ -164,8 +151,9 @@ fn check_shared<T: TestElem>(cuda: &Cuda, counts: &[usize], most: usize) -> Resu
     let mut recv = cuda.alloc_shared::<T>(most).map_err(e)?;
     let zero_copy = send.is_zero_copy() && recv.is_zero_copy();
     let ctx = cuda.context().clone();
-    each_call(n, counts, &CASES, |case, op, count, root, in_place| {
-        let p = prepare::<T>(case, op, count, root, in_place, r, n);
+    each_call(n, counts, &CASES, |call| {
+        let p = prepare::<T>(call, r, n);
+        let (case, op, root) = (call.case, call.op(), call.root);
         let put = |dst: u64, v: &[T]| -> Result<(), String> {
             match v.is_empty() {
                 true => Ok(()),
@@ -187,7 +175,6 @@ fn check_shared<T: TestElem>(cuda: &Cuda, counts: &[usize], most: usize) -> Resu
             .as_ref()
             .map(|s| crate::Buffer::<T>::region(&send).sub(0, bytes(s)));
         let rr = crate::BufferMut::<T>::region_mut(&mut recv).sub(0, bytes(&p.recv));
-        let op = if case.reduces() { op } else { ReduceOp::Sum };
         // A copy from pageable memory may still be in flight when it
         // returns; the engine's stream does not wait for the default one.
         ctx.synchronize().map_err(|e| e.to_string())?;
@@ -215,9 +202,10 @@ fn check_shared<T: TestElem>(cuda: &Cuda, counts: &[usize], most: usize) -> Resu
             }
             .map_err(|e| e.to_string())?;
         }
-        match verify(case, op, count, root, in_place, r, n, &p, &got) {
+        match verify(call, r, n, &p, &got) {
             Some(d) => Err(format!(
-                "shared device: rank {r}/{n} {case:?} {op} count {count} root {root} in_place {in_place}: {d}"
+                "shared device: {}: {d}",
+                call.describe(T::DTYPE, r, n)
             )),
             None => Ok(()),
         }
