@@ -36,6 +36,7 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::tree::Tree,
     &crate::dbtree::DoubleTree,
     &crate::halving::Halving,
+    &crate::scatter::ScatterGather,
 ];
 
 /// The algorithm called `name`.

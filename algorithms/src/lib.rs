@@ -24,6 +24,7 @@ pub mod oneshot;
 pub mod p2p;
 pub mod pairwise;
 pub mod ring;
+pub mod scatter;
 pub mod schedule;
 pub mod spec;
 pub mod staged;

@@ -94,9 +94,19 @@ fn rs_phase(
 
 /// All-gather phase: segment `rank` of `OUTPUT` is complete once the steps
 /// in `ready` (per chunk) are done; after `n-1` steps every segment is.
-fn ag_phase(s: &mut Schedule, rank: usize, n: usize, count: usize, chunk: usize, ready: &[u32]) {
-    let next = (rank + 1) % n;
-    let prev = (rank + n - 1) % n;
+/// `rank` is a position on the ring; `rank_at` maps positions to ranks
+/// (the identity, or a ring that starts elsewhere, as a broadcast's root).
+pub(crate) fn ag_phase(
+    s: &mut Schedule,
+    rank: usize,
+    n: usize,
+    count: usize,
+    chunk: usize,
+    ready: &[u32],
+    rank_at: &dyn Fn(usize) -> usize,
+) {
+    let next = rank_at((rank + 1) % n);
+    let prev = rank_at((rank + n - 1) % n);
     let mut prev_recv: Vec<u32> = ready.to_vec();
     for step in 0..n - 1 {
         let send_seg = sub_mod(rank, step, n);
@@ -148,7 +158,7 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, chunk: usize, avg: bool) 
             })
             .collect();
     }
-    ag_phase(&mut s, rank, n, count, chunk, &done);
+    ag_phase(&mut s, rank, n, count, chunk, &done, &|p| p);
     s
 }
 
@@ -198,7 +208,7 @@ pub fn all_gather(rank: usize, n: usize, count: usize, chunk: usize) -> Schedule
     );
     if n > 1 {
         let ready: Vec<u32> = chunks(0, count, chunk).map(|_| copy).collect();
-        ag_phase(&mut s, rank, n, n * count, chunk, &ready);
+        ag_phase(&mut s, rank, n, n * count, chunk, &ready, &|p| p);
     }
     s
 }

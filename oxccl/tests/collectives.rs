@@ -159,4 +159,5 @@ forced_tests! {
     forced_tree: "tree",
     forced_dbtree: "dbtree",
     forced_halving: "halving",
+    forced_scatter: "scatter",
 }

@@ -55,7 +55,7 @@ fn logarithmic_algorithms_are_correct_for_1_to_33_ranks() {
     let mut checked = 0;
     // (Fewer shapes than `cases`, which the 1-8 test runs in full: here
     // the rank count is what varies.)
-    for name in ["doubling", "bruck", "tree", "dbtree", "halving"] {
+    for name in ["doubling", "bruck", "tree", "dbtree", "halving", "scatter"] {
         let alg = crate::find(name).unwrap();
         for kind in Kind::COLLECTIVES {
             for n in 1..=33 {
