@@ -359,7 +359,7 @@ mod tests {
         assert!(p("-g 2").is_err());
         assert!(p("--bogus 1").is_err());
         assert!(p("-b").is_err());
-        assert!(p("--algo tree").is_err());
+        assert!(p("--algo spanning-tree").is_err());
         assert!(p("--algo oneshot").is_ok());
     }
 
