@@ -229,7 +229,12 @@ pub fn host_identity(host_id: Option<&str>) -> (String, u64) {
         _ => {
             let boot =
                 std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-            format!("{host}|{}", boot.trim())
+            // `net:[4026531840]`: abstract sockets (the shm transport's
+            // doors) do not cross network namespaces.
+            let netns = std::fs::read_link("/proc/self/ns/net")
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            format!("{host}|{}|{netns}", boot.trim())
         }
     };
     let id = u64::from_le_bytes(Secret::derive(&id_text).0[..8].try_into().unwrap());
