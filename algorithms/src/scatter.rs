@@ -106,12 +106,12 @@ pub fn broadcast(rank: usize, n: usize, count: usize, chunk: usize, root: usize)
     let (so, sl) = elems(p, p + 1);
     let ready: Vec<u32> = chunks(so, sl, chunk)
         .map(|(o, l)| {
-            let d: Vec<u32> = got
-                .iter()
-                .filter(|(go, gl, _)| *go < o + l && o < go + gl)
+            // The receive (or the root's copy) that brought this chunk:
+            // ranges are chunked from segment p's start, like the segment.
+            got.iter()
+                .find(|(go, gl, _)| *go < o + l && o < go + gl)
                 .map(|g| g.2)
-                .collect();
-            d.first().copied().unwrap_or(0)
+                .expect("segment p lies in the range this position received")
         })
         .collect();
     if n > 1 {

@@ -978,7 +978,7 @@ impl Inner {
     ) -> Result<()> {
         // Memory no engine reaches fails this call alone, before it takes
         // a sequence number (the others' next call still matches ours).
-        st.net.engine_for(bufs)?;
+        let engine = st.net.engine_for(bufs)?;
         let seq = st.seq;
         st.seq += 1;
         let during = executor::CallName { fp, seq };
@@ -1043,7 +1043,7 @@ impl Inner {
             aborted: &self.aborted,
             direct,
         };
-        executor::execute(sched, bufs, &mut st.net, &mut cx)
+        executor::execute(sched, bufs, &mut st.net, engine, &mut cx)
     }
 
     /// One monitored barrier (see `Communicator::monitored_barrier`).

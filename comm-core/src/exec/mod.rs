@@ -224,16 +224,17 @@ fn region(bufs: &[Region], own: Owned, sp: Span, es: usize) -> Region {
     base.sub(sp.off * es, sp.len * es)
 }
 
-/// Run `sched` with `bufs` indexed by [`BufId`] (INPUT and OUTPUT first).
+/// Run `sched` with `bufs` indexed by [`BufId`] (INPUT and OUTPUT first) on
+/// engine `engine` (the caller chose it with [`Net::engine_for`]).
 ///
 /// [`BufId`]: crate::schedule::BufId
 pub(crate) fn execute(
     sched: &Schedule,
     bufs: &[Region],
     net: &mut Net,
+    engine: usize,
     cx: &mut CallCtx<'_>,
 ) -> Result<()> {
-    let engine = net.engine_for(bufs)?;
     let mut w = std::mem::take(&mut net.work);
     let r = execute_with(sched, bufs, net, engine, cx, &mut w);
     if r.is_err() {
