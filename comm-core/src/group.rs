@@ -125,9 +125,7 @@ impl Communicator {
             // SAFETY: checked host regions of equal length, valid for the
             // call (borrowed or owned by it); a receive and a send of one
             // group cannot overlap (one is borrowed mutably).
-            unsafe {
-                std::ptr::copy_nonoverlapping(src.addr as *const u8, dst.addr as *mut u8, dst.len)
-            };
+            unsafe { kernels::copy::copy(dst.addr as *mut u8, src.addr as *const u8, dst.len) };
         }
         self.inner
             .lane

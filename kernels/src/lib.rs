@@ -8,7 +8,8 @@
 //!   read every rank's contribution at once).
 //!
 //! plus [`div_assign`], the final step of `Avg` (sum, then divide by the rank
-//! count; integers truncate toward zero like NCCL).
+//! count; integers truncate toward zero like NCCL), and [`copy`], byte copies
+//! whose speed does not depend on the buffers' placement.
 //!
 //! The loops are written once and compiled several times under
 //! `#[target_feature]` (AVX2, AVX-512); [`Isa::detect`] picks the best one the
@@ -20,6 +21,7 @@
 //! reference): integers wrap on overflow; `Min`/`Max` on floats propagate NaN
 //! (if either input is NaN the result is NaN).
 
+pub mod copy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod halves;

@@ -59,9 +59,13 @@ impl Compute for HostCompute {
         self.check("write", &dst)?;
         self.check("read", &src)?;
         let n = dst.len.min(src.len);
-        if n > 0 && dst.addr != src.addr {
+        let disjoint = dst.addr + n <= src.addr || src.addr + n <= dst.addr;
+        if n > 0 && disjoint {
             // SAFETY: both regions hold n bytes the caller lends for this
-            // call; `copy` tolerates overlap.
+            // call, and they do not overlap.
+            unsafe { kernels::copy::copy(dst.ptr(), src.ptr() as *const u8, n) };
+        } else if n > 0 && dst.addr != src.addr {
+            // SAFETY: as above; `ptr::copy` tolerates the overlap.
             unsafe { std::ptr::copy(src.ptr() as *const u8, dst.ptr(), n) };
         }
         Ok(Pending::DONE)
