@@ -265,6 +265,7 @@ fn row(
     let factor = case.coll.bus_factor(comm.nranks());
     let mut out = Vec::new();
     let mut shape = None;
+    let mut algorithm = "";
     for in_place in [false, true] {
         let (secs, wrong, s) = with_dtype!(case.dtype, T => {
             #[cfg(feature = "cuda")]
@@ -294,6 +295,9 @@ fn row(
             wrong: args.check.then_some(wrong),
         });
         shape = Some(s);
+        if !in_place {
+            algorithm = comm.last_algorithm().unwrap_or("");
+        }
     }
     let s = shape.unwrap();
     Ok(Row {
@@ -313,6 +317,7 @@ fn row(
         oop: out[0],
         ip: out[1],
         series: series.to_string(),
+        algorithm: algorithm.to_string(),
     })
 }
 
@@ -424,6 +429,7 @@ fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::
     } else {
         bws.iter().sum::<f64>() / bws.len() as f64
     };
+    print(&report::algorithms(&rows));
     print(&report::footer(wrong_total, avg, coll.program()));
     if me == 0 {
         write_files(coll, args, argv, comm, &rows, wrong_total, avg)?;

@@ -90,6 +90,7 @@ pub fn parse(text: &str) -> Result<Parsed, String> {
             oop: measure(&f[5..9]).map_err(|e| bad(&e))?,
             ip: measure(&f[9..13]).map_err(|e| bad(&e))?,
             series: format!("{} {}", f[2], f[3]),
+            algorithm: String::new(),
         });
     }
     Ok(p)

@@ -91,6 +91,8 @@ pub struct Row {
     pub ip: Measure,
     /// Which run (dtype/op/cycle) the row belongs to, for plots.
     pub series: String,
+    /// The algorithm that ran the out-of-place calls (empty: unknown).
+    pub algorithm: String,
 }
 
 /// The text of one row, as nccl-tests prints it (no newline).
@@ -136,6 +138,31 @@ pub fn header() -> String {
 }
 
 /// The footer lines.
+/// Which algorithm ran which sizes, as comment lines (`# Algorithm: ring
+/// for 32768-268435456 B`), in size order, one line per run of sizes; empty
+/// when no row knows its algorithm. nccl-tests has no such line; parsers
+/// skip `#` lines.
+pub fn algorithms(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let mut run: Option<(&str, usize, usize)> = None;
+    let flush = |run: Option<(&str, usize, usize)>, s: &mut String| {
+        if let Some((a, lo, hi)) = run {
+            writeln!(s, "# Algorithm: {a} for {lo}-{hi} B").unwrap();
+        }
+    };
+    for r in rows.iter().filter(|r| !r.algorithm.is_empty()) {
+        run = match run {
+            Some((a, lo, _)) if a == r.algorithm => Some((a, lo, r.bytes)),
+            other => {
+                flush(other, &mut s);
+                Some((&r.algorithm, r.bytes, r.bytes))
+            }
+        };
+    }
+    flush(run, &mut s);
+    s
+}
+
 pub fn footer(wrong_total: u64, avg_busbw: f64, program: &str) -> String {
     let mut s = String::new();
     writeln!(s, "# {:<20} : 0 OK", "Out of bounds values").unwrap();
@@ -225,14 +252,15 @@ impl JsonDoc {
             .iter()
             .map(|r| {
                 format!(
-                    "{{\"size\":{},\"count\":{},\"type\":{},\"redop\":{},\"root\":{},\"out_of_place\":{},\"in_place\":{}}}",
+                    "{{\"size\":{},\"count\":{},\"type\":{},\"redop\":{},\"root\":{},\"out_of_place\":{},\"in_place\":{},\"algorithm\":{}}}",
                     r.bytes,
                     r.count,
                     json_str(&r.dtype),
                     json_str(&r.redop),
                     json_str(&r.root.to_string()),
                     json_measure(&r.oop),
-                    json_measure(&r.ip)
+                    json_measure(&r.ip),
+                    json_str(&r.algorithm)
                 )
             })
             .collect();
@@ -318,6 +346,7 @@ mod tests {
             oop: m,
             ip: Measure { wrong: None, ..m },
             series: String::new(),
+            algorithm: String::new(),
         };
         assert_eq!(
             row_line(&r),

@@ -112,6 +112,9 @@ pub(crate) struct State {
     control_checked: Instant,
     /// Recently used schedules by call shape, most recent last.
     schedules: Vec<((CollSpec, bool), Planned)>,
+    /// Chooses algorithms by predicted time, with a cost model
+    /// (`OXCCL_TUNER_PROFILE`); without one the registry's rules do.
+    tuner: Option<crate::tune::Tuner>,
 }
 
 /// Schedules kept per communicator.
@@ -151,8 +154,11 @@ impl State {
                 self.schedules.push(hit);
             }
         } else {
-            let alg = algorithms::choose(spec, forced, tuning)
-                .ok_or_else(|| Error::invalid(format!("no algorithm runs {}", spec.kind.name())))?;
+            let alg = match self.tuner.as_mut() {
+                Some(t) => t.choose(spec, forced, tuning),
+                None => algorithms::choose(spec, forced, tuning),
+            }
+            .ok_or_else(|| Error::invalid(format!("no algorithm runs {}", spec.kind.name())))?;
             if self.schedules.len() == SCHEDULE_CACHE {
                 self.schedules.remove(0);
             }
@@ -458,6 +464,16 @@ impl Communicator {
             .map(|c| c.get())
             .unwrap_or(1);
         let lane = Lane::new(rank, lane_links, config.spin, local > cores)?;
+        let tuner = match &config.tuner {
+            Some(model) => {
+                let hosts: Vec<u64> = peers.iter().map(|p| p.host_id).collect();
+                Some(
+                    crate::tune::Tuner::new(model.clone(), &hosts)
+                        .map_err(|e| Error::Config(format!("OXCCL_TUNER_PROFILE: {e}")))?,
+                )
+            }
+            None => None,
+        };
         tracing::info!(
             rank,
             nranks,
@@ -486,6 +502,7 @@ impl Communicator {
                     shared: Vec::new(),
                     sync_phase: 0,
                     schedules: Vec::new(),
+                    tuner,
                     seq: 0,
                     monitored: 0,
                     call_timeout: None,

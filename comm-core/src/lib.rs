@@ -12,6 +12,9 @@
 pub use algorithms;
 /// Schedules live in the `algorithms` crate (no runtime); re-exported.
 pub use algorithms::schedule;
+/// The simulator the tuner predicts with; its `Model` is
+/// `Config::tuner`'s type.
+pub use oxccl_sim as sim;
 
 pub mod api;
 pub mod call;
@@ -27,6 +30,7 @@ mod lane;
 pub mod mem;
 pub mod sys;
 pub mod transport;
+mod tune;
 pub mod types;
 mod wait;
 pub mod wire;

@@ -34,6 +34,9 @@ fn one_rank(env: &[(&str, &str)]) -> (Output, Duration) {
 
 #[test]
 fn every_bad_value_is_an_error_naming_its_variable() {
+    let bad_profile = std::env::temp_dir().join(format!("oxccl-bad-{}.prof", std::process::id()));
+    std::fs::write(&bad_profile, "alpha = 5us\nnic_rate = fast\n").unwrap();
+    let bad_profile = bad_profile.to_string_lossy().into_owned();
     let cases: &[(&str, &[&str])] = &[
         (
             "OXCCL_TIMEOUT",
@@ -69,7 +72,12 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_FUZZ_ITERS", &["-1", "x"]),
         ("OXCCL_REQUIRE_NVRTC", &["2", "yes"]),
         ("OXCCL_REQUIRE_GPU", &["2"]),
+        ("OXCCL_REQUIRE_LAUNCHERS", &["yes"]),
         ("OXCCL_STAGING", &["never"]),
+        (
+            "OXCCL_TUNER_PROFILE",
+            &["/nonexistent/oxccl.prof", bad_profile.as_str()],
+        ),
     ];
     // Every variable that can hold a bad value is tried (free text cannot).
     for v in oxccl::vars::VARS {
@@ -181,6 +189,9 @@ fn ranks_with_one_different(
 
 #[test]
 fn ranks_that_disagree_on_a_setting_all_fail_at_once_naming_it() {
+    let profile = std::env::temp_dir().join(format!("oxccl-tuner-{}.prof", std::process::id()));
+    std::fs::write(&profile, "alpha = 50us\n").unwrap();
+    let profile = profile.to_string_lossy().into_owned();
     let cases: &[(&[(&str, &str)], &str)] = &[
         (&[("OXCCL_NSOCKS", "1")], "OXCCL_NSOCKS"),
         (&[("OXCCL_TRANSPORT", "tcp")], "OXCCL_TRANSPORT"),
@@ -189,6 +200,10 @@ fn ranks_that_disagree_on_a_setting_all_fail_at_once_naming_it() {
         (&[("OXCCL_ONESHOT_BYTES", "1K")], "OXCCL_ONESHOT_BYTES"),
         (&[("OXCCL_WORLD_SIZE", "4")], "OXCCL_WORLD_SIZE"),
         (&[("OXCCL_SECRET", "another")], "OXCCL_SECRET"),
+        (
+            &[("OXCCL_TUNER_PROFILE", profile.as_str())],
+            "OXCCL_TUNER_PROFILE",
+        ),
     ];
     for (extra, named) in cases {
         // The odd one out is never rank 0 (which hosts the root) here.

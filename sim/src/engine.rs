@@ -124,7 +124,7 @@ struct Nic {
 
 struct Sim<'a> {
     m: &'a Model,
-    topo: Topology,
+    topo: &'a Topology,
     elem: f64,
     period: Option<(usize, Shift)>,
     ranks: Vec<Rank>,
@@ -141,7 +141,7 @@ struct Sim<'a> {
 /// or `0..period`); `elem` the element size in bytes.
 pub fn simulate(
     m: &Model,
-    topo: Topology,
+    topo: &Topology,
     elem: usize,
     scheds: Vec<Schedule>,
     ranks: Ranks,
@@ -155,9 +155,14 @@ pub fn simulate(
             None
         }
         Ranks::Periodic(p, how) => {
-            if p == 0 || !n.is_multiple_of(p) || p != topo.per_host || scheds.len() != p {
+            if p == 0
+                || !n.is_multiple_of(p)
+                || p != topo.per_host
+                || scheds.len() != p
+                || !topo.is_blocks()
+            {
                 return Err(format!(
-                    "periodic simulation needs one host's ranks ({}) dividing {n}, got period {p} and {} schedules",
+                    "periodic simulation needs equal hosts in blocks of {} ranks dividing {n}, got period {p} and {} schedules",
                     topo.per_host,
                     scheds.len()
                 ));

@@ -87,30 +87,38 @@ pub enum How {
 /// Most steps a full simulation takes on (about 2 GiB of state).
 pub const MAX_FULL_STEPS: usize = 40_000_000;
 
-/// Simulate `call` run by `alg` on `topo`. One host's ranks are simulated
+/// Simulate the call `spec` describes (every rank's spec is `spec` with
+/// its own rank) run by `alg` on `topo`. One host's ranks are simulated
 /// when they stand for all (unless `full`); otherwise every rank, if the
 /// job has at most [`MAX_FULL_STEPS`] steps.
 pub fn predict(
     m: &Model,
-    topo: Topology,
+    topo: &Topology,
     alg: &dyn Algorithm,
-    call: &Call,
+    spec: &CollSpec,
     full: bool,
 ) -> Result<(Outcome, How), String> {
     let n = topo.nranks();
-    let spec = call.spec(0, n);
+    if spec.nranks != n {
+        return Err(format!(
+            "a call on {} ranks on a topology of {n}",
+            spec.nranks
+        ));
+    }
+    let spec = CollSpec { rank: 0, ..*spec };
+    let at = |rank| CollSpec { rank, ..spec };
     if !alg.supports(&spec) {
         return Err(format!(
             "{} does not run {} on {n} ranks",
             alg.name(),
-            call.kind.name()
+            spec.kind.name()
         ));
     }
     let p = topo.per_host;
-    if !full && topo.hosts > 1 && !(m.shared_cores && m.cores > 0) {
+    if !full && topo.hosts > 1 && topo.is_blocks() && !(m.shared_cores && m.cores > 0) {
         if let Ok((shift, fit)) = symmetry::periodic(alg, &spec, p) {
-            let scheds = (0..p).map(|r| alg.build(&call.spec(r, n))).collect();
-            let out = engine::simulate(m, topo, call.elem, scheds, Ranks::Periodic(p, shift))?;
+            let scheds = (0..p).map(|r| alg.build(&at(r))).collect();
+            let out = engine::simulate(m, topo, spec.elem_size, scheds, Ranks::Periodic(p, shift))?;
             return Ok((out, How::Periodic(shift, fit)));
         }
     }
@@ -125,7 +133,7 @@ pub fn predict(
     }
     let mut scheds = Vec::with_capacity(n);
     scheds.push(first);
-    scheds.extend((1..n).map(|r| alg.build(&call.spec(r, n))));
-    let out = engine::simulate(m, topo, call.elem, scheds, Ranks::All)?;
+    scheds.extend((1..n).map(|r| alg.build(&at(r))));
+    let out = engine::simulate(m, topo, spec.elem_size, scheds, Ranks::All)?;
     Ok((out, How::Full))
 }

@@ -256,7 +256,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
                 },
             };
             let t0 = Instant::now();
-            let (out, how) = match predict(&a.model, a.topo, chosen, &call, a.full) {
+            let (out, how) = match predict(&a.model, &a.topo, chosen, &spec, a.full) {
                 Ok(v) => v,
                 Err(e) => {
                     println!("  {bytes:>10}  not simulated: {e}");

@@ -61,9 +61,9 @@ fn one_host_standing_for_all_gives_the_full_simulation_exactly() {
                         "{name} {kind:?} on {hosts}x{per_host}, {bytes} B"
                     );
                 }
-                let (part, how) = predict(&m, topo, alg, &c, false).unwrap();
+                let (part, how) = predict(&m, &topo, alg, &c.spec(0, n), false).unwrap();
                 assert!(matches!(how, How::Periodic(..)), "{name}: {how:?}");
-                let (all, how) = predict(&m, topo, alg, &c, true).unwrap();
+                let (all, how) = predict(&m, &topo, alg, &c.spec(0, n), true).unwrap();
                 assert_eq!(how, How::Full);
                 let rel = (part.time - all.time).abs() / all.time;
                 assert!(
@@ -98,9 +98,9 @@ fn the_ring_matches_its_closed_form() {
         };
         let (out, _) = predict(
             &m,
-            Topology::new(n, 1).unwrap(),
+            &Topology::new(n, 1).unwrap(),
             find("ring").unwrap(),
-            &c,
+            &c.spec(0, n),
             true,
         )
         .unwrap();
@@ -144,7 +144,7 @@ fn a_shared_nic_serialises_what_leaves_a_host() {
         s
     };
     let scheds = vec![send(2), send(3), recv(0), recv(1)];
-    let out = simulate(&m, Topology::new(2, 2).unwrap(), 4, scheds, Ranks::All).unwrap();
+    let out = simulate(&m, &Topology::new(2, 2).unwrap(), 4, scheds, Ranks::All).unwrap();
     let want = 2.0 * 1e6 / nic + alpha;
     assert!(
         (out.time - want).abs() / want < 1e-9,
@@ -167,7 +167,7 @@ fn a_schedule_that_cannot_finish_is_an_error_naming_the_rank() {
     let b = Schedule::default();
     let e = simulate(
         &Model::default(),
-        Topology::new(1, 2).unwrap(),
+        &Topology::new(1, 2).unwrap(),
         4,
         vec![a, b],
         Ranks::All,
@@ -189,8 +189,8 @@ fn oversubscribed_cores_slow_the_job_down() {
         cores: 2,
         ..Model::default()
     };
-    let (a, _) = predict(&free, topo, alg, &c, false).unwrap();
-    let (b, _) = predict(&two, topo, alg, &c, false).unwrap();
+    let (a, _) = predict(&free, &topo, alg, &c.spec(0, 4), false).unwrap();
+    let (b, _) = predict(&two, &topo, alg, &c.spec(0, 4), false).unwrap();
     assert!(
         b.time > 1.5 * a.time,
         "4 ranks on 2 cores: {} us, on 4: {} us",

@@ -54,6 +54,12 @@ pub struct Config {
     /// memory are (`OXCCL_STAGING=always`; default `auto`: only those).
     /// Ranks need not agree: staging changes no message.
     pub stage_always: bool,
+    /// The tuner's cost model (`OXCCL_TUNER_PROFILE`: a profile file in
+    /// `oxccl-sim`'s format, e.g. written by `scripts/sim-validate`). With
+    /// one, a call no algorithm is forced for runs the algorithm
+    /// `oxccl-sim` predicts fastest for its shape on this job's hosts;
+    /// without, the registry's rules decide.
+    pub tuner: Option<oxccl_sim::Model>,
 }
 
 impl Default for Config {
@@ -71,6 +77,7 @@ impl Default for Config {
             algo: None,
             oneshot_bytes: 16 << 10,
             stage_always: false,
+            tuner: None,
         }
     }
 }
@@ -107,6 +114,9 @@ impl Config {
             c.oneshot_bytes = b;
         }
         c.stage_always = vars::choice("OXCCL_STAGING")? == Some("always");
+        if let Some(p) = vars::text("OXCCL_TUNER_PROFILE")? {
+            c.tuner = Some(vars::profile("OXCCL_TUNER_PROFILE", &p)?);
+        }
         c.transport = vars::choice("OXCCL_TRANSPORT")?
             .filter(|t| *t != "auto")
             .map(String::from);
@@ -181,8 +191,23 @@ impl Config {
                 self.algo.clone().unwrap_or_else(|| "auto".into()),
             ),
             ("OXCCL_ONESHOT_BYTES", value::show_bytes(self.oneshot_bytes)),
+            (
+                "OXCCL_TUNER_PROFILE",
+                self.tuner
+                    .as_ref()
+                    .map_or_else(|| "none".into(), |m| profile_digest(&m.to_profile())),
+            ),
         ]
     }
+}
+
+/// A short, stable name of a profile's content (FNV-1a, 64 bits): what
+/// ranks compare, since the profile itself can be longer than a setting.
+fn profile_digest(text: &str) -> String {
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    });
+    format!("profile {h:016x}")
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub enum Kind {
     HostPort,
     /// A printed unique id.
     UniqueId,
+    /// The path of a readable cost-model profile (`oxccl-sim`'s format).
+    Profile,
     /// Free text (names, secrets, filters).
     Text,
 }
@@ -177,6 +179,11 @@ pub const VARS: &[Var] = &[
         what: "1: the CUDA device tests fail instead of skipping without a GPU (testing, scripts/gpu-check)",
     },
     Var {
+        name: "OXCCL_REQUIRE_LAUNCHERS",
+        kind: Kind::Choice(&["0", "1"]),
+        what: "1: the launcher tests (mpirun) fail instead of skipping when the launcher is missing (testing, CI)",
+    },
+    Var {
         name: "OXCCL_REQUIRE_NVRTC",
         kind: Kind::Choice(&["0", "1"]),
         what: "1: the CUDA kernel tests fail instead of skipping without NVRTC (testing, CI)",
@@ -234,6 +241,11 @@ pub const VARS: &[Var] = &[
         name: "OXCCL_TRANSPORT",
         kind: Kind::Choice(&["auto", "tcp", "shm", "rdma"]),
         what: "force a transport",
+    },
+    Var {
+        name: "OXCCL_TUNER_PROFILE",
+        kind: Kind::Profile,
+        what: "cost model (oxccl-sim profile) from which the algorithm of each call is chosen by predicted time",
     },
     Var {
         name: "OXCCL_UNIQUE_ID",
@@ -294,8 +306,19 @@ pub fn check(v: &Var, raw: &str) -> Result<()> {
             .parse::<crate::id::UniqueId>()
             .map(drop)
             .map_err(|e| Error::Config(format!("{name}: {e}"))),
+        Kind::Profile => profile(name, raw).map(drop),
         Kind::Text => Ok(()),
     }
+}
+
+/// Read and parse the cost-model profile at `raw` (the tuner's model).
+pub fn profile(name: &str, raw: &str) -> Result<oxccl_sim::Model> {
+    let text = std::fs::read_to_string(raw)
+        .map_err(|e| Error::Config(format!("{name}={raw:?}: cannot read the profile: {e}")))?;
+    let mut m = oxccl_sim::Model::default();
+    m.load(&text)
+        .map_err(|e| Error::Config(format!("{name}={raw:?}: {e}")))?;
+    Ok(m)
 }
 
 /// Split `host:port` (IPv6 as `[addr]:port`) and check the port is 1..=65535.
