@@ -20,42 +20,100 @@
 
 use crate::schedule::{chunks, seg_off, Action, Schedule, Span, INPUT, OUTPUT};
 
-/// Dependencies from memory use: per block of the output (and of the input
-/// when it is the same memory), the steps of its last write (one per
-/// chunk) and the steps that read it since.
+/// Dependencies from memory use: per run of blocks of the output (and of
+/// the input when it is the same memory), the steps of its last write (one
+/// per chunk) and the steps that read it since. Runs, not single blocks:
+/// every step touches an aligned range of blocks, so a handful of runs
+/// describe all `p` blocks and a rank's schedule builds in `O(log² p)`
+/// rather than `O(p log p)` (16 384 ranks: the simulator builds every
+/// rank's).
 struct Deps {
-    writer: Vec<Vec<u32>>,
-    readers: Vec<Vec<u32>>,
+    /// Runs covering `0..p` in order: (first block, end, writers, readers).
+    runs: Vec<Run>,
     in_place: bool,
 }
 
+struct Run {
+    lo: usize,
+    hi: usize,
+    writer: Vec<u32>,
+    readers: Vec<u32>,
+}
+
 impl Deps {
+    fn new(p: usize, in_place: bool) -> Deps {
+        Deps {
+            runs: vec![Run {
+                lo: 0,
+                hi: p,
+                writer: Vec::new(),
+                readers: Vec::new(),
+            }],
+            in_place,
+        }
+    }
+    /// Make `x` a run boundary (when it lies inside a run).
+    fn split(&mut self, x: usize) {
+        if let Some(i) = self.runs.iter().position(|r| r.lo < x && x < r.hi) {
+            let r = &mut self.runs[i];
+            let right = Run {
+                lo: x,
+                hi: r.hi,
+                writer: r.writer.clone(),
+                readers: r.readers.clone(),
+            };
+            r.hi = x;
+            self.runs.insert(i + 1, right);
+        }
+    }
+    /// The runs inside `b` (after splitting at its ends).
+    fn within(&mut self, b: &std::ops::Range<usize>) -> impl Iterator<Item = &mut Run> {
+        self.split(b.start);
+        self.split(b.end);
+        let b = b.clone();
+        self.runs
+            .iter_mut()
+            .filter(move |r| b.start <= r.lo && r.hi <= b.end)
+    }
+    fn overlapping(&self, b: std::ops::Range<usize>) -> impl Iterator<Item = &Run> {
+        self.runs
+            .iter()
+            .filter(move |r| r.lo < b.end && b.start < r.hi)
+    }
     /// Steps a read of blocks `b` of `buf` must follow.
     fn read(&self, buf: u16, b: std::ops::Range<usize>) -> Vec<u32> {
         if buf == INPUT && !self.in_place {
             return Vec::new();
         }
-        self.writer[b].iter().flatten().copied().collect()
+        set(self.overlapping(b).flat_map(|r| r.writer.iter().copied()))
     }
     /// Steps a write of blocks `b` must follow.
     fn write(&self, b: std::ops::Range<usize>) -> Vec<u32> {
-        let mut d: Vec<u32> = self.writer[b.clone()].iter().flatten().copied().collect();
-        d.extend(self.readers[b].iter().flatten());
-        d
+        set(self
+            .overlapping(b)
+            .flat_map(|r| r.writer.iter().chain(&r.readers).copied()))
     }
     fn did_read(&mut self, buf: u16, b: std::ops::Range<usize>, step: u32) {
         if buf == OUTPUT || self.in_place {
-            for r in &mut self.readers[b] {
-                r.push(step);
+            for r in self.within(&b) {
+                r.readers.push(step);
             }
         }
     }
     fn did_write(&mut self, b: std::ops::Range<usize>, steps: &[u32]) {
-        for i in b {
-            self.writer[i] = steps.to_vec();
-            self.readers[i].clear();
+        for r in self.within(&b) {
+            r.writer = steps.to_vec();
+            r.readers.clear();
         }
     }
+}
+
+/// Step indices as a sorted set (a dependency list names each step once).
+fn set(steps: impl Iterator<Item = u32>) -> Vec<u32> {
+    let mut v: Vec<u32> = steps.collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
 /// The element span of blocks `b` of `buf`.
@@ -79,11 +137,7 @@ pub fn all_reduce(
     let p = 1 << (usize::BITS - 1 - n.leading_zeros());
     let rem = n - p;
     let mut s = Schedule::default();
-    let mut deps = Deps {
-        writer: vec![Vec::new(); p],
-        readers: vec![Vec::new(); p],
-        in_place,
-    };
+    let mut deps = Deps::new(p, in_place);
     let all = 0..p;
     // The ranks in the power-of-two group, and this rank's place in it.
     let member = |r: usize| match r < 2 * rem {
@@ -117,6 +171,7 @@ pub fn all_reduce(
             let mut d = deps.write(b.clone());
             if let Some(w) = with {
                 d.extend(deps.read(w, b.clone()));
+                d = set(d.into_iter());
             }
             let mut done = Vec::new();
             for (off, len) in chunks(sp.off, sp.len, chunk) {
