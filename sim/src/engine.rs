@@ -392,31 +392,21 @@ impl Sim<'_> {
         let me = self.ranks[r].id;
         let local = |peer: usize| self.topo.host_of(peer) == self.topo.host_of(me);
         let n = self.topo.nranks() as f64;
+        // A message's CPU part on either side: copying it into or out of a
+        // ring (same host) or a socket (another host).
+        let transfer = |peer: usize, len: usize| {
+            let rate = if local(peer) {
+                m.copy_rate
+            } else {
+                m.socket_rate
+            };
+            m.msg_overhead + self.bytes(len) / rate
+        };
         match self.ranks[r].sched.steps[s].action {
-            Action::Send { peer, src } => {
-                let rate = if local(peer) {
-                    m.copy_rate
-                } else {
-                    m.socket_rate
-                };
-                m.msg_overhead + self.bytes(src.len) / rate
-            }
-            Action::Recv { peer, dst } => {
-                let rate = if local(peer) {
-                    m.copy_rate
-                } else {
-                    m.socket_rate
-                };
-                m.msg_overhead + self.bytes(dst.len) / rate
-            }
+            Action::Send { peer, src } => transfer(peer, src.len),
+            Action::Recv { peer, dst } => transfer(peer, dst.len),
             Action::RecvReduce { peer, dst, .. } => {
-                let rate = if local(peer) {
-                    m.copy_rate
-                } else {
-                    m.socket_rate
-                };
-                let b = self.bytes(dst.len);
-                m.msg_overhead + b / rate + b / m.reduce_rate
+                transfer(peer, dst.len) + self.bytes(dst.len) / m.reduce_rate
             }
             Action::Copy { src, dst } if src == dst => m.step_overhead,
             Action::Copy { dst, .. } | Action::CopyFrom { dst, .. } => {
