@@ -6,8 +6,12 @@
 //! the order both schedules list them, and each rank sends to (receives
 //! from) one peer in that order; one thread does a rank's CPU work, so its
 //! steps run one at a time, lowest index first among those that can start;
-//! a `Sync` waits for every rank's matching `Sync` and holds no CPU. What
-//! is not modelled: finite ring and socket buffers (a send never waits for
+//! a `Sync` waits for every rank's matching `Sync` and holds no CPU.
+//! Messages stream, as over TCP and the shared-memory rings: the first
+//! bytes reach the receiver a latency after the sender starts copying, the
+//! last a latency after it ends (and after both NICs passed them, between
+//! hosts), and a receive ends with its own copy or with the last byte,
+//! whichever is later. What is not modelled: finite ring and socket buffers (a send never waits for
 //! its receiver; schedules chunk large messages, which bounds what this
 //! hides), several streams per link, spinning and wake-up costs, and
 //! one-sided (RDMA) direct reads — direct steps are modelled as loads from
@@ -132,7 +136,11 @@ struct Sim<'a> {
     nics: Vec<Nic>,
     heap: BinaryHeap<Reverse<(At, u64, Ev)>>,
     seq: u64,
-    arrived: HashMap<Key, ()>,
+    /// Messages whose first bytes reached their receiver, with when the
+    /// last byte will (a receive cannot end before it).
+    arrived: HashMap<Key, f64>,
+    /// Messages under way: when their last byte arrives.
+    last_byte: HashMap<Key, f64>,
     /// Per `Sync` index, the ranks that reached it.
     barrier: HashMap<u32, Barrier>,
 }
@@ -200,6 +208,7 @@ pub fn simulate(
         heap: BinaryHeap::new(),
         seq: 0,
         arrived: HashMap::new(),
+        last_byte: HashMap::new(),
         barrier: HashMap::new(),
     };
     for r in 0..sim.ranks.len() {
@@ -214,7 +223,8 @@ pub fn simulate(
         match ev {
             Ev::Done { rank, step } => sim.done(rank as usize, step, t),
             Ev::Arrive { key } => {
-                sim.arrived.insert(key, ());
+                let last = sim.last_byte.remove(&key).unwrap_or(t);
+                sim.arrived.insert(key, last);
                 let to = sim.wake_of(key);
                 let from = sim.sender_of(key) as u32;
                 let step = sim.ranks[to]
@@ -468,18 +478,29 @@ impl Sim<'_> {
             rk.started[s as usize] = true;
             rk.running = true;
             let k = rk.msg[s as usize];
-            match rk.sched.steps[s as usize].action {
-                Action::Send { peer, .. } => self.advance(r, peer, true, k),
+            let mut end = t + self.cost(r, s as usize);
+            match self.ranks[r].sched.steps[s as usize].action {
+                Action::Send { peer, src } => {
+                    self.advance(r, peer, true, k);
+                    // Bytes stream: they leave while the sender copies.
+                    let (first, last) = self.transit(r, peer, self.bytes(src.len), t, end);
+                    let key = self.canon(self.ranks[r].id, peer, k);
+                    self.last_byte.insert(key, last);
+                    self.at(first, Ev::Arrive { key });
+                }
                 Action::Recv { peer, .. } | Action::RecvReduce { peer, .. } => {
                     let key = self.canon(peer, self.ranks[r].id, k);
-                    self.arrived.remove(&key);
+                    // The receiver copies as bytes come: it ends with its
+                    // own copy or with the last byte, whichever is later.
+                    if let Some(last) = self.arrived.remove(&key) {
+                        end = end.max(last);
+                    }
                     self.advance(r, peer, false, k);
                 }
                 _ => {}
             }
-            let c = self.cost(r, s as usize);
             self.at(
-                t + c,
+                end,
                 Ev::Done {
                     rank: r as u32,
                     step: s,
@@ -531,11 +552,6 @@ impl Sim<'_> {
                 self.refresh(r, d);
             }
         }
-        if let Action::Send { peer, src } = action {
-            let arrive = self.transit(r, peer, self.bytes(src.len), t);
-            let key = self.canon(self.ranks[r].id, peer, self.ranks[r].msg[s as usize]);
-            self.at(arrive, Ev::Arrive { key });
-        }
         if cpu {
             let pool = self.pool_of(self.ranks[r].id);
             self.pools[pool].free += 1;
@@ -550,23 +566,29 @@ impl Sim<'_> {
         self.try_start(r, t);
     }
 
-    /// When a message handed over at `t` arrives at its receiver.
-    fn transit(&mut self, r: usize, peer: usize, bytes: f64, t: f64) -> f64 {
+    /// When the first and the last byte of a message whose sender copies it
+    /// out from `t` to `done` reach the receiver: through shared memory at
+    /// once; between hosts through the sender's NIC (first come, first
+    /// served, never finishing before the sender has handed everything),
+    /// the wire, and the receiver's NIC.
+    fn transit(&mut self, r: usize, peer: usize, bytes: f64, t: f64, done: f64) -> (f64, f64) {
         let me = self.ranks[r].id;
         let (hs, hd) = (self.topo.host_of(me), self.topo.host_of(peer));
         if hs == hd {
-            return t + self.m.shm_alpha;
+            return (t + self.m.shm_alpha, done + self.m.shm_alpha);
         }
         // In periodic mode the receiving host is host 0 (the message shifted).
         let hr = self.topo.host_of(self.wake_of(self.canon(me, peer, 0)));
         let wire = bytes / self.m.nic_rate;
         let out = &mut self.nics[hs];
         let start = t.max(out.egress_free);
-        out.egress_free = start + wire;
+        let out_end = (start + wire).max(done);
+        out.egress_free = out_end;
+        let first = start + self.m.alpha;
         let inn = &mut self.nics[hr];
-        let in_start = (start + self.m.alpha).max(inn.ingress_free);
-        let end = (in_start + wire).max(start + wire + self.m.alpha);
-        inn.ingress_free = end;
-        end
+        let in_start = first.max(inn.ingress_free);
+        let last = (in_start + wire).max(out_end + self.m.alpha);
+        inn.ingress_free = last;
+        (first, last)
     }
 }
