@@ -19,6 +19,11 @@ use algorithms::{Algorithm, CollSpec, Kind, Tuning, REGISTRY};
 use oxccl_sim::{Model, Topology};
 use std::collections::HashMap;
 
+/// Most steps the tuner simulates for one candidate (tens of MB of state,
+/// well under a second): it predicts inside the first call of a shape, so
+/// a candidate too large to simulate is skipped rather than stalling it.
+const MAX_STEPS: usize = 1_000_000;
+
 /// A call shape as the tuner keys its choices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct Shape {
@@ -104,7 +109,8 @@ impl Tuner {
             .iter()
             .filter(|a| a.supports(&probe) && a.supports(spec))
         {
-            match oxccl_sim::predict(&self.model, &self.topo, *alg, &probe, false) {
+            match oxccl_sim::predict_within(&self.model, &self.topo, *alg, &probe, false, MAX_STEPS)
+            {
                 Ok((out, _)) => times.push((alg.name(), out.time)),
                 Err(e) => tracing::debug!("oxccl: tuner: {} not predicted: {e}", alg.name()),
             }

@@ -98,6 +98,19 @@ pub fn predict(
     spec: &CollSpec,
     full: bool,
 ) -> Result<(Outcome, How), String> {
+    predict_within(m, topo, alg, spec, full, MAX_FULL_STEPS)
+}
+
+/// [`predict`] refusing full simulations of more than `max_steps` steps
+/// (the tuner predicts inside a call and keeps that small).
+pub fn predict_within(
+    m: &Model,
+    topo: &Topology,
+    alg: &dyn Algorithm,
+    spec: &CollSpec,
+    full: bool,
+    max_steps: usize,
+) -> Result<(Outcome, How), String> {
     let n = topo.nranks();
     if spec.nranks != n {
         return Err(format!(
@@ -124,9 +137,9 @@ pub fn predict(
     }
     let first = alg.build(&spec);
     let estimate = first.steps.len().saturating_mul(n);
-    if estimate > MAX_FULL_STEPS {
+    if estimate > max_steps {
         return Err(format!(
-            "{} on {n} ranks is about {estimate} steps, more than a full simulation takes ({MAX_FULL_STEPS}); \
+            "{} on {n} ranks is about {estimate} steps, more than this full simulation takes ({max_steps}); \
              its ranks are not periodic by host, so fewer ranks or a larger chunk are needed",
             alg.name()
         ));

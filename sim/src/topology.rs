@@ -36,24 +36,18 @@ impl Topology {
 
     /// Rank `r` on host `host[r]` (hosts numbered by first appearance,
     /// whatever the values). Blocks of equal size become [`Topology::new`]'s.
-    pub fn from_hosts<T: PartialEq>(host: &[T]) -> Result<Topology, String> {
+    pub fn from_hosts<T: Eq + std::hash::Hash>(host: &[T]) -> Result<Topology, String> {
         if host.is_empty() || host.len() > MAX_RANKS {
             return Err(format!(
                 "{} ranks: a topology takes 1 to {MAX_RANKS}",
                 host.len()
             ));
         }
-        let mut seen: Vec<&T> = Vec::new();
+        let mut seen: std::collections::HashMap<&T, u32> = std::collections::HashMap::new();
         let mut map = Vec::with_capacity(host.len());
         for h in host {
-            let i = match seen.iter().position(|s| *s == h) {
-                Some(i) => i,
-                None => {
-                    seen.push(h);
-                    seen.len() - 1
-                }
-            };
-            map.push(i as u32);
+            let next = seen.len() as u32;
+            map.push(*seen.entry(h).or_insert(next));
         }
         let hosts = seen.len();
         let mut count = vec![0usize; hosts];
