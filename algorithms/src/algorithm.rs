@@ -37,6 +37,7 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::dbtree::DoubleTree,
     &crate::halving::Halving,
     &crate::scatter::ScatterGather,
+    &crate::hier::Hier,
 ];
 
 /// The algorithm called `name`.

@@ -22,7 +22,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH, STAGE};
-use crate::spec::{Access, CollSpec, Kind};
+use crate::spec::{Access, CollSpec, Kind, Layout};
 use std::collections::{HashMap, HashSet};
 
 /// A symbolic element: `None` is "never written".
@@ -727,9 +727,24 @@ pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), Strin
     Ok(())
 }
 
+/// No layout, and every even spread of `n` ranks over hosts, in blocks
+/// and round robin.
+pub fn layouts(n: usize) -> Vec<Option<Layout>> {
+    let mut v = vec![None];
+    for per_host in (1..=n).filter(|p| n % p == 0) {
+        for cyclic in [false, true] {
+            // One host or one rank per host: both placements are the same.
+            if !cyclic || (per_host > 1 && per_host < n) {
+                v.push(Some(Layout { per_host, cyclic }));
+            }
+        }
+    }
+    v
+}
+
 /// Every spec the registry tests cover for `kind` on `n` ranks: counts
 /// around the rank count, tiny and odd chunks, both reductions, in and out
-/// of place, three roots, with and without direct access.
+/// of place, three roots, with and without direct access, every layout.
 pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
     let counts: &[usize] = match kind {
         Kind::Barrier => &[0],
@@ -744,24 +759,54 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
                 for in_place in [false, true] {
                     for &root in &roots {
                         for direct in [None, Some(Access::Mapped), Some(Access::OneSided)] {
-                            v.push(CollSpec {
-                                kind,
-                                rank: 0,
-                                nranks: n,
-                                count,
-                                root,
-                                avg,
-                                in_place,
-                                chunk,
-                                elem_size: 4,
-                                direct,
-                            });
+                            for layout in layouts(n) {
+                                v.push(CollSpec {
+                                    kind,
+                                    rank: 0,
+                                    nranks: n,
+                                    count,
+                                    root,
+                                    avg,
+                                    in_place,
+                                    chunk,
+                                    elem_size: 4,
+                                    direct,
+                                    layout,
+                                });
+                            }
                         }
                     }
                 }
             }
         }
     }
+    v.sort_by_key(|s| format!("{s:?}"));
+    v.dedup();
+    v
+}
+
+/// The specs worth checking for `alg`: fields it ignores are normalised
+/// away so each distinct schedule is checked once.
+pub fn cases(alg: &dyn Algorithm, kind: Kind, n: usize) -> Vec<CollSpec> {
+    let mut v: Vec<CollSpec> = specs(kind, n)
+        .into_iter()
+        .map(|mut s| {
+            if !matches!(kind, Kind::Broadcast | Kind::Reduce) {
+                s.root = 0;
+            }
+            if !matches!(kind, Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce) {
+                s.avg = false;
+            }
+            if s.direct.is_some() && alg.supports(&CollSpec { direct: None, ..s }) {
+                s.direct = None;
+            }
+            if s.layout.is_some() && alg.supports(&CollSpec { layout: None, ..s }) {
+                s.layout = None;
+            }
+            s
+        })
+        .filter(|s| alg.supports(s))
+        .collect();
     v.sort_by_key(|s| format!("{s:?}"));
     v.dedup();
     v

@@ -20,6 +20,7 @@ pub mod direct;
 pub mod dissemination;
 pub mod doubling;
 pub mod halving;
+pub mod hier;
 pub mod oneshot;
 pub mod p2p;
 pub mod pairwise;
@@ -35,5 +36,5 @@ pub use p2p::{p2p, P2pStep};
 pub use schedule::{
     chunks, seg_len, seg_off, Action, BufId, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH, STAGE,
 };
-pub use spec::{Access, CollSpec, Kind, Tuning};
+pub use spec::{Access, CollSpec, Kind, Layout, Tuning};
 pub use staged::staged;

@@ -81,6 +81,72 @@ pub struct CollSpec {
     /// Every rank can reach every other rank's buffers of this call
     /// directly (registered memory on a direct-access transport), and how.
     pub direct: Option<Access>,
+    /// How ranks are spread over hosts, when every host has as many of
+    /// them in one of the placements launchers use (for hierarchical
+    /// algorithms); `None` when unknown or irregular.
+    pub layout: Option<Layout>,
+}
+
+/// Ranks spread evenly over hosts: `per_host` on each, in blocks (rank `r`
+/// on host `r / per_host`: `mpirun`'s and `srun`'s default) or round robin
+/// (rank `r` on host `r % hosts`: `srun --distribution=cyclic`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Layout {
+    /// Ranks per host (at least 1; divides the rank count).
+    pub per_host: usize,
+    /// Round robin rather than blocks.
+    pub cyclic: bool,
+}
+
+impl Layout {
+    /// The layout of ranks on hosts `host[r]` (any host identities), when
+    /// it is one: every host has as many ranks, in blocks or round robin
+    /// (blocks when both fit: one host, or one rank per host).
+    pub fn of_hosts<T: Eq + std::hash::Hash>(host: &[T]) -> Option<Layout> {
+        let n = host.len();
+        let hosts = host.iter().collect::<std::collections::HashSet<_>>().len();
+        if n == 0 || n % hosts != 0 {
+            return None;
+        }
+        let per_host = n / hosts;
+        let blocks = (0..n).all(|r| host[r] == host[r - r % per_host]);
+        let cyclic = (0..n).all(|r| host[r] == host[r % hosts]);
+        match (blocks, cyclic) {
+            (true, _) => Some(Layout {
+                per_host,
+                cyclic: false,
+            }),
+            (false, true) => Some(Layout {
+                per_host,
+                cyclic: true,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Hosts of an `n`-rank job.
+    pub fn hosts(&self, n: usize) -> usize {
+        n / self.per_host.max(1)
+    }
+
+    /// `(host, local index)` of rank `r` of `n`.
+    pub fn place(&self, r: usize, n: usize) -> (usize, usize) {
+        let (hosts, per) = (self.hosts(n), self.per_host.max(1));
+        if self.cyclic {
+            (r % hosts, r / hosts)
+        } else {
+            (r / per, r % per)
+        }
+    }
+
+    /// The rank with local index `local` on host `host` of an `n`-rank job.
+    pub fn rank(&self, host: usize, local: usize, n: usize) -> usize {
+        if self.cyclic {
+            local * self.hosts(n) + host
+        } else {
+            host * self.per_host + local
+        }
+    }
 }
 
 /// How a rank reaches its peers' registered buffers in a direct call.
@@ -109,6 +175,7 @@ impl CollSpec {
             chunk: usize::MAX,
             elem_size: 4,
             direct: None,
+            layout: None,
         }
     }
 

@@ -169,7 +169,7 @@ pub fn staged(sched: &Schedule) -> Schedule {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::{check_schedules, specs};
+    use crate::check::{cases, check_schedules};
     use crate::spec::Kind;
     use crate::{Algorithm, REGISTRY};
 
@@ -180,11 +180,11 @@ mod tests {
         let mut checked = 0;
         for kind in Kind::COLLECTIVES {
             for n in (1..=6).chain([9]) {
-                for spec in specs(kind, n) {
-                    if spec.direct.is_some() {
-                        continue;
-                    }
-                    for alg in REGISTRY.iter().filter(|a| a.supports(&spec)) {
+                for alg in REGISTRY {
+                    for spec in cases(*alg, kind, n) {
+                        if spec.direct.is_some() {
+                            continue;
+                        }
                         let scheds: Vec<Schedule> = (0..n)
                             .map(|r| staged(&alg.build(&crate::CollSpec { rank: r, ..spec })))
                             .collect();
@@ -213,6 +213,7 @@ mod tests {
             chunk: 4,
             elem_size: 4,
             direct: None,
+            layout: None,
         };
         let plain = crate::ring::Ring.build(&spec);
         let s = staged(&plain);

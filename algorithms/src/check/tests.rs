@@ -6,30 +6,6 @@ use crate::algorithm::{choose, REGISTRY};
 use crate::p2p::{p2p, P2pStep};
 use crate::spec::{Access, Tuning};
 
-/// The specs worth checking for `alg`: fields it ignores are normalised
-/// away so each distinct schedule is checked once.
-fn cases(alg: &dyn Algorithm, kind: Kind, n: usize) -> Vec<CollSpec> {
-    let mut v: Vec<CollSpec> = specs(kind, n)
-        .into_iter()
-        .map(|mut s| {
-            if !matches!(kind, Kind::Broadcast | Kind::Reduce) {
-                s.root = 0;
-            }
-            if !matches!(kind, Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce) {
-                s.avg = false;
-            }
-            if s.direct.is_some() && alg.supports(&CollSpec { direct: None, ..s }) {
-                s.direct = None;
-            }
-            s
-        })
-        .filter(|s| alg.supports(s))
-        .collect();
-    v.sort_by_key(|s| format!("{s:?}"));
-    v.dedup();
-    v
-}
-
 #[test]
 fn every_registered_algorithm_is_correct_in_and_out_of_place() {
     let mut checked = 0;
@@ -84,6 +60,38 @@ fn logarithmic_algorithms_are_correct_for_1_to_33_ranks() {
         }
     }
     assert!(checked > 100, "only {checked} cases checked");
+}
+
+/// The hierarchical algorithm on every rank count from 1 to 33 and every
+/// even spread of it over hosts, in blocks and round robin.
+#[test]
+fn hierarchical_algorithms_are_correct_for_every_layout_of_1_to_33_ranks() {
+    let alg = crate::find("hier").unwrap();
+    let mut checked = 0;
+    for kind in [Kind::AllReduce, Kind::AllGather, Kind::ReduceScatter] {
+        for n in 1..=33 {
+            for layout in layouts(n).into_iter().flatten() {
+                // Chunks of 2 cut 5 elements unevenly; averages divide once
+                // whether in place or not (checked on the 1-8 test's full set).
+                for (count, chunk) in [(0, usize::MAX), (1, usize::MAX), (5, 2)] {
+                    for in_place in [false, true] {
+                        let spec = CollSpec {
+                            chunk,
+                            in_place,
+                            avg: in_place && kind != Kind::AllGather,
+                            layout: Some(layout),
+                            ..CollSpec::new(kind, 0, n, count)
+                        };
+                        if let Err(e) = check_algorithm(alg, &spec) {
+                            panic!("{e}");
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 1000, "only {checked} cases checked");
 }
 
 #[test]
