@@ -8,7 +8,7 @@
 //! - all_reduce: a ring reduce-scatter inside each host leaves local rank
 //!   `l` with its host's partial of segment `l`; rail `l` all-reduces that
 //!   segment (recursive halving/doubling for small segments, a ring for
-//!   large ones: [`RAIL_RING_BYTES`]); a ring all-gather inside each host
+//!   large ones: [`RAIL_RING_BYTES_PER_HOST`]); a ring all-gather inside each host
 //!   spreads the segments. Each element is reduced once per level in a
 //!   fixed order, so every rank gets the same bits.
 //! - all_gather: rail `l` all-gathers the blocks of its ranks (a ring across
@@ -28,11 +28,13 @@ use crate::schedule::{
 };
 use crate::spec::{CollSpec, Kind, Layout};
 
-/// Rail segments of at least this many bytes are all-reduced by a ring
-/// (bandwidth-optimal); smaller ones by recursive halving/doubling
-/// (`2 log2 hosts` rounds). On emulated hosts the crossover of the two lies
-/// between 32 KiB and 512 KiB (docs/PERFORMANCE.md).
-pub const RAIL_RING_BYTES: usize = 128 << 10;
+/// Rail segments of at least this many bytes per host are all-reduced by
+/// a ring (pipelined, neighbour to neighbour); smaller ones by recursive
+/// halving/doubling (`2 log2 hosts` rounds against the ring's
+/// `2 (hosts - 1)`, the same bytes). The ring's extra rounds grow with the
+/// host count, so the size it takes over at does too; on 4 emulated hosts
+/// the two cross between 32 KiB and 512 KiB (docs/PERFORMANCE.md).
+pub const RAIL_RING_BYTES_PER_HOST: usize = 32 << 10;
 
 /// Where this rank sits: host `h` of `hosts`, local index `l` of `per`.
 struct Place {
@@ -334,7 +336,7 @@ fn all_reduce(spec: &CollSpec, p: &Place) -> Schedule {
                 layout: None,
                 ..*spec
             };
-            let sub = if mine.len * spec.elem_size < RAIL_RING_BYTES {
+            let sub = if mine.len * spec.elem_size < RAIL_RING_BYTES_PER_HOST * p.hosts {
                 crate::Algorithm::build(&crate::halving::Halving, &sub_spec)
             } else {
                 crate::ring::all_reduce(p.h, p.hosts, mine.len, chunk, false)

@@ -134,6 +134,7 @@ pub(crate) fn run_coll(
         chunk: inner.chunk_elems(c.dtype),
         elem_size: c.dtype.size(),
         direct,
+        layout: inner.layout,
     };
     // Links move host bytes: a call on memory the CPU cannot touch sends
     // and receives through host staging slots (direct calls never do).

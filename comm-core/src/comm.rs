@@ -61,6 +61,8 @@ pub(crate) struct Inner {
     rescue: Mutex<Option<std::net::TcpListener>>,
     /// More ranks of this communicator on this host than it has cores.
     pub(crate) oversubscribed: bool,
+    /// How the ranks spread over hosts (for hierarchical algorithms).
+    pub(crate) layout: Option<crate::algorithms::Layout>,
     transports: Transports,
     state: Mutex<State>,
     pub(crate) sender: Mutex<ControlSender>,
@@ -474,6 +476,9 @@ impl Communicator {
             }
             None => None,
         };
+        let layout = crate::algorithms::Layout::of_hosts(
+            &peers.iter().map(|p| p.host_id).collect::<Vec<_>>(),
+        );
         tracing::info!(
             rank,
             nranks,
@@ -492,6 +497,7 @@ impl Communicator {
                 secret: *id.secret(),
                 rescue: Mutex::new(Some(rescue)),
                 oversubscribed: local > cores,
+                layout,
                 transports,
                 state: Mutex::new(State {
                     net,

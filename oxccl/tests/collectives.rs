@@ -130,15 +130,41 @@ fn staged_mixed_4_ranks() {
 /// does not run keep the automatic choice), on a rank count that is not a
 /// power of two.
 fn forced(algo: &str, n: usize, mixed: bool) {
+    forced_on(algo, n, |r| match mixed {
+        true => host_config(r % 2),
+        false => test_config(),
+    })
+}
+
+/// [`forced`] with rank `r` configured by `cfg(r)` (its host).
+fn forced_on(algo: &str, n: usize, cfg: impl Fn(usize) -> oxccl::Config + Sync) {
     let cfg = |r: usize| oxccl::Config {
         algo: Some(algo.into()),
-        ..match mixed {
-            true => host_config(r % 2),
-            false => test_config(),
-        }
+        ..cfg(r)
     };
     check(with_rank_configs(n, cfg, |comm| {
-        run_matrix(&comm, &standard_counts(n))
+        run_matrix(&comm, &standard_counts(n))?;
+        // The forced algorithm did run (a spec it cannot run would quietly
+        // fall back to the automatic choice).
+        let mut used = Vec::new();
+        let x = vec![1f32; 64 * n];
+        let mut y = vec![0f32; 64 * n * n];
+        let op = oxccl::ReduceOp::Sum;
+        let calls: [&dyn Fn(&mut Vec<f32>) -> oxccl::Result<()>; 5] = [
+            &|y| comm.all_reduce(&x, &mut y[..64 * n], op),
+            &|y| comm.all_gather(&x, &mut y[..64 * n * n]),
+            &|y| comm.reduce_scatter(&x, &mut y[..64], op),
+            &|y| comm.broadcast(&x, &mut y[..64 * n], 0),
+            &|y| comm.all_to_all(&x[..64 * n], &mut y[..64 * n]),
+        ];
+        for call in calls {
+            call(&mut y).map_err(|e| e.to_string())?;
+            used.extend(comm.last_algorithm());
+        }
+        if n > 1 && !used.contains(&algo) {
+            return Err(format!("{algo} forced, but the calls ran {used:?}"));
+        }
+        Ok(())
     }));
 }
 
@@ -160,4 +186,14 @@ forced_tests! {
     forced_dbtree: "dbtree",
     forced_halving: "halving",
     forced_scatter: "scatter",
+}
+
+/// The hierarchical algorithm on one host (5 ranks: the intra-host rings
+/// alone), on 2 hosts of 3 ranks placed round robin (the mixed runs of the
+/// macro above) and on 3 hosts of 2 ranks in blocks.
+#[test]
+fn forced_hier() {
+    forced("hier", 5, false);
+    forced("hier", 6, true);
+    forced_on("hier", 6, |r| host_config(r / 2));
 }

@@ -118,7 +118,13 @@ pub fn predict_within(
             spec.nranks
         ));
     }
-    let spec = CollSpec { rank: 0, ..*spec };
+    // The topology says where ranks are (as the communicator learns it
+    // from the peers' host identities).
+    let spec = CollSpec {
+        rank: 0,
+        layout: topo.layout(),
+        ..*spec
+    };
     let at = |rank| CollSpec { rank, ..spec };
     if !alg.supports(&spec) {
         return Err(format!(

@@ -1,7 +1,7 @@
 //! `oxccl-sim`: predicted time and bus bandwidth of oxccl's collectives on
 //! a modelled cluster, per size and algorithm, in nccl-tests' format.
 
-use algorithms::{Algorithm, Kind, Tuning, REGISTRY};
+use algorithms::{Algorithm, CollSpec, Kind, Tuning, REGISTRY};
 use oxccl_sim::{model, predict, Call, How, Model, Topology};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -205,9 +205,14 @@ fn run(args: Vec<String>) -> Result<(), String> {
         chunk_bytes: a.chunk,
         root: a.root,
     };
+    // Ranks placed as the topology says (hierarchical algorithms use it).
+    let placed = |spec: CollSpec| CollSpec {
+        layout: a.topo.layout(),
+        ..spec
+    };
     let algos: Vec<_> = algorithms(&a.algos)?
         .into_iter()
-        .filter(|(_, alg)| alg.is_none_or(|alg| alg.supports(&probe.spec(0, n))))
+        .filter(|(_, alg)| alg.is_none_or(|alg| alg.supports(&placed(probe.spec(0, n)))))
         .collect();
     if algos.is_empty() {
         return Err(format!(
@@ -247,7 +252,7 @@ fn run(args: Vec<String>) -> Result<(), String> {
                 chunk_bytes: a.chunk,
                 root: a.root,
             };
-            let spec = call.spec(0, n);
+            let spec = placed(call.spec(0, n));
             let chosen = match alg {
                 Some(x) => *x,
                 None => match algorithms::choose(&spec, None, &Tuning::default()) {

@@ -72,6 +72,18 @@ impl Topology {
         self.map.is_none()
     }
 
+    /// The placement as schedules see it (for hierarchical algorithms):
+    /// blocks, round robin, or `None` for uneven hosts.
+    pub fn layout(&self) -> Option<algorithms::Layout> {
+        match &self.map {
+            None => Some(algorithms::Layout {
+                per_host: self.per_host,
+                cyclic: false,
+            }),
+            Some(m) => algorithms::Layout::of_hosts(m),
+        }
+    }
+
     pub fn nranks(&self) -> usize {
         match &self.map {
             Some(m) => m.len(),
