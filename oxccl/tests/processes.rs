@@ -37,6 +37,32 @@ fn matrix_through_oxrun() {
     }
 }
 
+/// The matrix in separate processes with each logarithmic and the
+/// hierarchical algorithm forced, on 2 pretend hosts of 2 ranks each
+/// (`OXCCL_HOSTID`: shared memory inside a host, TCP between).
+#[test]
+fn forced_algorithms_in_processes_on_two_hosts() {
+    for algo in [
+        "doubling", "bruck", "tree", "dbtree", "halving", "scatter", "hier",
+    ] {
+        let kids = common::spawn_selftest_env(4, &["matrix"], "auto", 120, |r| {
+            vec![
+                ("OXCCL_ALGO", algo.to_string()),
+                ("OXCCL_HOSTID", format!("forced-host-{}", r / 2)),
+            ]
+        });
+        for (r, k) in kids.into_iter().enumerate() {
+            let out = k.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success(), "{algo}, rank {r}: {stdout}");
+            assert!(
+                r > 0 || stdout.contains("matrix OK: 4 ranks"),
+                "{algo}: {stdout}"
+            );
+        }
+    }
+}
+
 #[test]
 fn oxrun_reports_a_killed_rank_and_stops_the_others() {
     let t = Instant::now();

@@ -67,6 +67,18 @@ pub fn spawn_selftest(
     transport: &str,
     timeout_s: u32,
 ) -> Vec<std::process::Child> {
+    spawn_selftest_env(n, args, transport, timeout_s, |_| Vec::new())
+}
+
+/// [`spawn_selftest`] with more variables for rank `r`: `env(r)`.
+#[allow(dead_code)]
+pub fn spawn_selftest_env(
+    n: usize,
+    args: &[&str],
+    transport: &str,
+    timeout_s: u32,
+    env: impl Fn(usize) -> Vec<(&'static str, String)>,
+) -> Vec<std::process::Child> {
     let id = UniqueId::serve(
         "127.0.0.1:0".parse().unwrap(),
         oxccl::transport_handshake::Secret::random().unwrap(),
@@ -83,6 +95,7 @@ pub fn spawn_selftest(
                 .env("OXCCL_SOCKET_IFNAME", "lo")
                 .env("OXCCL_TIMEOUT", timeout_s.to_string())
                 .env("OXCCL_TRANSPORT", transport)
+                .envs(env(r))
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::null())
                 .spawn()
