@@ -7,7 +7,7 @@
 //! CUDA IPC allocations every rank reaches (`Cuda::alloc_shared`): the
 //! `direct` algorithm on the device, no host staging.
 
-use super::{timed, Case};
+use super::{timed, Case, Timed};
 use crate::coll::{Coll, Shape};
 use oxccl::cuda::cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use oxccl::cuda::Cuda;
@@ -75,7 +75,7 @@ impl<'c> Device<'c> {
         case: &Case,
         bytes: usize,
         in_place: bool,
-    ) -> oxccl::Result<(f64, u64, Shape)> {
+    ) -> oxccl::Result<(Timed, Shape)> {
         let kind = match case.coll {
             Coll::AllReduce => Kind::AllReduce,
             Coll::AllGather => Kind::AllGather,
@@ -132,8 +132,8 @@ impl<'c> Device<'c> {
                 .coll
                 .wrong(comm, &shape, &host, case.op, case.root, in_place);
         }
-        let (secs, wrong) = timed(comm, args, wrong, run)?;
-        Ok((secs, wrong, shape))
+        let timing = timed(comm, args, wrong, run)?;
+        Ok((timing, shape))
     }
 
     /// [`measure`](Self::measure) on shared device buffers.
@@ -145,7 +145,7 @@ impl<'c> Device<'c> {
         kind: Kind,
         shape: Shape,
         in_place: bool,
-    ) -> oxccl::Result<(f64, u64, Shape)> {
+    ) -> oxccl::Result<(Timed, Shape)> {
         let mut host = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
         let mut send = self.cuda.alloc_shared::<T>(shape.send_len)?;
         let mut recv = self.cuda.alloc_shared::<T>(shape.recv_len)?;
@@ -198,7 +198,7 @@ impl<'c> Device<'c> {
                 .coll
                 .wrong(comm, &shape, &host, case.op, case.root, in_place);
         }
-        let (secs, wrong) = timed(comm, args, wrong, || run(&mut send, &mut recv))?;
-        Ok((secs, wrong, shape))
+        let timing = timed(comm, args, wrong, || run(&mut send, &mut recv))?;
+        Ok((timing, shape))
     }
 }

@@ -121,7 +121,7 @@ fn measure<T: TestElem>(
     case: &Case,
     bytes: usize,
     in_place: bool,
-) -> oxccl::Result<(f64, u64, coll::Shape)> {
+) -> oxccl::Result<(Timed, coll::Shape)> {
     let n = comm.nranks();
     let shape = case.coll.shape(bytes, T::DTYPE.size(), n);
     let mut wrong = 0u64;
@@ -138,10 +138,21 @@ fn measure<T: TestElem>(
             .coll
             .wrong(comm, &shape, &bufs, case.op, case.root, in_place);
     }
-    let (secs, wrong) = timed(comm, args, wrong, || {
+    let timing = timed(comm, args, wrong, || {
         case.coll.run(comm, &mut bufs, case.op, case.root, in_place)
     })?;
-    Ok((secs, wrong, shape))
+    Ok((timing, shape))
+}
+
+/// One direction of one size, measured.
+pub(crate) struct Timed {
+    /// Seconds per call, combined across ranks as `-a` says.
+    secs: f64,
+    /// Wrong elements, summed over ranks.
+    wrong: u64,
+    /// The algorithm the timed calls ran (read after them: the barriers
+    /// and the reductions that combine the figures run their own).
+    algorithm: &'static str,
 }
 
 /// The timed loop (`-n` iterations of `-m` calls, a barrier after each
@@ -151,18 +162,25 @@ fn timed(
     args: &Args,
     wrong: u64,
     mut call: impl FnMut() -> oxccl::Result<()>,
-) -> oxccl::Result<(f64, u64)> {
+) -> oxccl::Result<Timed> {
     comm.barrier()?;
+    let mut algorithm = "";
     let t = Instant::now();
     for _ in 0..args.iters {
         for _ in 0..args.agg_iters {
             call()?;
         }
+        algorithm = comm.last_algorithm().unwrap_or("");
         if args.blocking {
             comm.barrier()?;
         }
     }
-    across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)
+    let (secs, wrong) = across_ranks(comm, args, t.elapsed().as_secs_f64(), wrong)?;
+    Ok(Timed {
+        secs,
+        wrong,
+        algorithm,
+    })
 }
 
 /// Per-call time combined across ranks as `-a` says, and the wrong count
@@ -195,7 +213,7 @@ fn measure_registered<T: TestElem>(
     case: &Case,
     bytes: usize,
     in_place: bool,
-) -> oxccl::Result<(f64, u64, coll::Shape)> {
+) -> oxccl::Result<(Timed, coll::Shape)> {
     let shape = case.coll.shape(bytes, T::DTYPE.size(), comm.nranks());
     let (r, root, op) = (comm.rank(), case.root, case.op);
     let mut plain = case.coll.buffers::<T>(&shape, comm, case.op, in_place);
@@ -232,8 +250,8 @@ fn measure_registered<T: TestElem>(
             .coll
             .wrong(comm, &shape, &plain, case.op, case.root, in_place);
     }
-    let (secs, wrong) = timed(comm, args, wrong, || run(&mut send, &mut recv))?;
-    Ok((secs, wrong, shape))
+    let timing = timed(comm, args, wrong, || run(&mut send, &mut recv))?;
+    Ok((timing, shape))
 }
 fn warmup<T: TestElem>(comm: &Communicator, args: &Args, case: &Case) -> oxccl::Result<()> {
     let shape = case
@@ -267,7 +285,14 @@ fn row(
     let mut shape = None;
     let mut algorithm = "";
     for in_place in [false, true] {
-        let (secs, wrong, s) = with_dtype!(case.dtype, T => {
+        let (
+            Timed {
+                secs,
+                wrong,
+                algorithm: ran,
+            },
+            s,
+        ) = with_dtype!(case.dtype, T => {
             #[cfg(feature = "cuda")]
             if let Some(d) = dev {
                 d.measure::<T>(comm, args, case, bytes, in_place)
@@ -296,7 +321,7 @@ fn row(
         });
         shape = Some(s);
         if !in_place {
-            algorithm = comm.last_algorithm().unwrap_or("");
+            algorithm = ran;
         }
     }
     let s = shape.unwrap();

@@ -326,3 +326,21 @@ fn hostile_flags_and_variables_are_named_errors_without_panic() {
     }
     assert!(t.elapsed() < std::time::Duration::from_secs(10));
 }
+
+/// The algorithm lines name what the timed calls ran, not the small
+/// reductions that combine the figures across ranks afterwards (those run
+/// `oneshot`; a 1 MiB all_reduce runs the ring).
+#[test]
+fn algorithm_lines_name_the_timed_calls() {
+    let (rc, out, err) = run(
+        Coll::AllReduce,
+        &[
+            "--np", "2", "-b", "1M", "-e", "1M", "-n", "2", "-w", "1", "-c", "1",
+        ],
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains("# Algorithm: ring for 1048576-1048576 B"),
+        "{out}"
+    );
+}
