@@ -1,12 +1,14 @@
 //! The binaries under launchers users run at scale, not only `oxrun`:
-//! Open MPI's `mpirun` starts the ranks, `Communicator::from_env` takes
-//! rank and size from `OMPI_COMM_WORLD_*` and the rendezvous from
-//! `OXCCL_ROOT` (rank 0 hosts the root), and a SIGKILLed rank is named by
-//! every survivor as under `oxrun`.
+//! Open MPI's `mpirun` and Slurm's `srun` start the ranks,
+//! `Communicator::from_env` takes rank and size from `OMPI_COMM_WORLD_*`
+//! or `SLURM_*` and the rendezvous from `OXCCL_ROOT` (rank 0 hosts the
+//! root), and a SIGKILLed rank is named by every survivor as under `oxrun`.
 //!
-//! Skipped when `mpirun` is not installed, unless
-//! `OXCCL_REQUIRE_LAUNCHERS=1` (CI installs Debian's `openmpi-bin` and sets
-//! it), which makes a missing launcher a failure.
+//! Skipped when `mpirun` is not installed or no Slurm cluster answers
+//! (`scripts/slurm-local up` starts one on this machine), unless
+//! `OXCCL_REQUIRE_LAUNCHERS=1` (CI installs Debian's `openmpi-bin` and
+//! Slurm, starts the cluster and sets it), which makes a missing launcher a
+//! failure.
 
 mod common;
 use std::process::{Command, Output};
@@ -20,11 +22,7 @@ fn mpirun_present() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
-        assert!(
-            std::env::var("OXCCL_REQUIRE_LAUNCHERS").as_deref() != Ok("1"),
-            "OXCCL_REQUIRE_LAUNCHERS=1 but mpirun is not installed (Debian: openmpi-bin)"
-        );
-        eprintln!("skipped: mpirun is not installed (Debian: openmpi-bin)");
+        require("mpirun is not installed (Debian: openmpi-bin)");
     }
     found
 }
@@ -65,6 +63,101 @@ fn mpirun(n: usize, args: &[&str]) -> Output {
         .expect("run mpirun")
 }
 
+fn require(what: &str) {
+    assert!(
+        std::env::var("OXCCL_REQUIRE_LAUNCHERS").as_deref() != Ok("1"),
+        "OXCCL_REQUIRE_LAUNCHERS=1 but {what}"
+    );
+    eprintln!("skipped: {what}");
+}
+
+/// `srun` is installed and a cluster has an idle node.
+fn slurm_present() -> bool {
+    let idle = Command::new("timeout")
+        .args(["10", "sinfo", "-h", "-o", "%T"])
+        .output()
+        .is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("idle"));
+    if !idle {
+        require("no Slurm cluster has an idle node (scripts/slurm-local up)");
+    }
+    idle
+}
+
+/// `srun -n N oxccl-selftest ARGS` with the root of the rendezvous on a
+/// free loopback port. `-K0`: a task that dies does not make srun kill the
+/// others, so the test sees what every survivor concludes by itself.
+fn srun(n: usize, args: &[&str]) -> Output {
+    let env = format!(
+        "--export=ALL,OXCCL_ROOT=127.0.0.1:{},OXCCL_TIMEOUT=60,OXCCL_SOCKET_IFNAME=lo",
+        common::free_port()
+    );
+    Command::new("timeout")
+        .args([
+            "-s",
+            "KILL",
+            "120",
+            "srun",
+            "-K0",
+            "-n",
+            &n.to_string(),
+            &env,
+        ])
+        .arg(SELFTEST)
+        .args(args)
+        .env_remove("OXCCL_UNIQUE_ID")
+        .output()
+        .expect("run srun")
+}
+
+/// Survivors' `ERROR <rank> <ms> <blamed rank>` lines: (rank, blamed).
+fn blamed(stdout: &str) -> Vec<(usize, i64)> {
+    let mut v: Vec<(usize, i64)> = stdout
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&"ERROR")).then(|| (f[1].parse().unwrap(), f[3].parse().unwrap()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn srun_runs_the_correctness_matrix() {
+    if !slurm_present() {
+        return;
+    }
+    let out = srun(4, &["matrix", "100"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("matrix OK: 4 ranks"), "{stdout}");
+}
+
+#[test]
+fn under_srun_every_survivor_names_a_sigkilled_rank() {
+    if !slurm_present() {
+        return;
+    }
+    let t = Instant::now();
+    let out = srun(4, &["die", "2"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        blamed(&stdout),
+        vec![(0, 2), (1, 2), (3, 2)],
+        "every survivor must name rank 2:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
 #[test]
 fn mpirun_runs_the_correctness_matrix() {
     if !mpirun_present() {
@@ -88,17 +181,8 @@ fn under_mpirun_every_survivor_names_a_sigkilled_rank() {
     let t = Instant::now();
     let out = mpirun(4, &["die", "2"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    // Survivors print `ERROR <rank> <ms> <blamed rank>`.
-    let mut blamed: Vec<(usize, i64)> = stdout
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&"ERROR")).then(|| (f[1].parse().unwrap(), f[3].parse().unwrap()))
-        })
-        .collect();
-    blamed.sort();
     assert_eq!(
-        blamed,
+        blamed(&stdout),
         vec![(0, 2), (1, 2), (3, 2)],
         "every survivor must name rank 2:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
