@@ -156,11 +156,13 @@ impl State {
                 self.schedules.push(hit);
             }
         } else {
-            let alg = match self.tuner.as_mut() {
+            // The tuner chooses the chunk too; the cache keeps the caller's.
+            let (alg, chunk) = match self.tuner.as_mut() {
                 Some(t) => t.choose(spec, forced, tuning),
-                None => algorithms::choose(spec, forced, tuning),
+                None => algorithms::choose(spec, forced, tuning).map(|a| (a, spec.chunk)),
             }
             .ok_or_else(|| Error::invalid(format!("no algorithm runs {}", spec.kind.name())))?;
+            let spec = &CollSpec { chunk, ..*spec };
             if self.schedules.len() == SCHEDULE_CACHE {
                 self.schedules.remove(0);
             }
