@@ -731,7 +731,7 @@ pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), Strin
 /// and round robin.
 pub fn layouts(n: usize) -> Vec<Option<Layout>> {
     let mut v = vec![None];
-    for per_host in (1..=n).filter(|p| n % p == 0) {
+    for per_host in (1..=n).filter(|p| n.is_multiple_of(*p)) {
         for cyclic in [false, true] {
             // One host or one rank per host: both placements are the same.
             if !cyclic || (per_host > 1 && per_host < n) {

@@ -471,7 +471,7 @@ impl crate::Algorithm for Hier {
             Kind::AllReduce | Kind::AllGather | Kind::ReduceScatter
         ) && s.direct.is_none()
             && s.layout
-                .is_some_and(|l| l.per_host > 0 && s.nranks % l.per_host == 0)
+                .is_some_and(|l| l.per_host > 0 && s.nranks.is_multiple_of(l.per_host))
     }
     fn preferred(&self, _: &CollSpec, _: &crate::Tuning) -> bool {
         false

@@ -105,7 +105,7 @@ impl Layout {
     pub fn of_hosts<T: Eq + std::hash::Hash>(host: &[T]) -> Option<Layout> {
         let n = host.len();
         let hosts = host.iter().collect::<std::collections::HashSet<_>>().len();
-        if n == 0 || n % hosts != 0 {
+        if n == 0 || !n.is_multiple_of(hosts) {
             return None;
         }
         let per_host = n / hosts;

@@ -150,7 +150,7 @@ fn forced_on(algo: &str, n: usize, cfg: impl Fn(usize) -> oxccl::Config + Sync) 
         let x = vec![1f32; 64 * n];
         let mut y = vec![0f32; 64 * n * n];
         let op = oxccl::ReduceOp::Sum;
-        let calls: [&dyn Fn(&mut Vec<f32>) -> oxccl::Result<()>; 5] = [
+        let calls: [&Call; 5] = [
             &|y| comm.all_reduce(&x, &mut y[..64 * n], op),
             &|y| comm.all_gather(&x, &mut y[..64 * n * n]),
             &|y| comm.reduce_scatter(&x, &mut y[..64], op),
@@ -167,6 +167,9 @@ fn forced_on(algo: &str, n: usize, cfg: impl Fn(usize) -> oxccl::Config + Sync) 
         Ok(())
     }));
 }
+
+/// One call on scratch buffers.
+type Call<'a> = dyn Fn(&mut Vec<f32>) -> oxccl::Result<()> + 'a;
 
 /// One test per forced algorithm: 5 ranks over shared memory, 6 mixed.
 macro_rules! forced_tests {
