@@ -75,6 +75,8 @@ enum Ev {
     Done { rank: u32, step: u32 },
     /// A message arrived where its receiver can take it.
     Arrive { key: Key },
+    /// A sleeping rank woke up (`Model::wake` after a message arrived).
+    Wake { rank: u32 },
 }
 
 struct Rank {
@@ -101,6 +103,10 @@ struct Rank {
     running: bool,
     /// Waiting in its pool's queue for a core.
     queued: bool,
+    /// Ran out of startable steps: waits for a message, asleep.
+    asleep: bool,
+    /// Woken by a message, not running until its `Wake` event.
+    waking: bool,
     left: usize,
     end: f64,
     syncs: u32,
@@ -143,6 +149,8 @@ struct Sim<'a> {
     last_byte: HashMap<Key, f64>,
     /// Per `Sync` index, the ranks that reached it.
     barrier: HashMap<u32, Barrier>,
+    /// More ranks than cores share a pool: waiting ranks sleep.
+    oversubscribed: bool,
 }
 
 /// Simulate one call. `scheds[i]` is the schedule of rank `i` (all ranks,
@@ -210,6 +218,13 @@ pub fn simulate(
         arrived: HashMap::new(),
         last_byte: HashMap::new(),
         barrier: HashMap::new(),
+        // (Per host: the fullest host's ranks against its cores.)
+        oversubscribed: m.cores > 0
+            && if m.shared_cores {
+                topo.nranks() > m.cores
+            } else {
+                topo.per_host > m.cores
+            },
     };
     for r in 0..sim.ranks.len() {
         for s in 0..sim.ranks[r].sched.steps.len() {
@@ -235,7 +250,17 @@ pub fn simulate(
                 if let Some(s) = step {
                     sim.refresh(to, s);
                 }
-                sim.try_start(to, t);
+                if sim.ranks[to].asleep && sim.oversubscribed && sim.m.wake > 0.0 {
+                    sim.ranks[to].asleep = false;
+                    sim.ranks[to].waking = true;
+                    sim.at(t + sim.m.wake, Ev::Wake { rank: to as u32 });
+                } else {
+                    sim.try_start(to, t);
+                }
+            }
+            Ev::Wake { rank } => {
+                sim.ranks[rank as usize].waking = false;
+                sim.try_start(rank as usize, t);
             }
         }
     }
@@ -309,6 +334,8 @@ impl Rank {
             next_recv: HashMap::new(),
             running: false,
             queued: false,
+            asleep: false,
+            waking: false,
             left: n,
             end: 0.0,
             syncs: 0,
@@ -451,13 +478,18 @@ impl Sim<'_> {
     /// Start what rank `r` can start at `t`: every `Sync` it reached, and
     /// its first startable CPU step if a core is free (else it queues).
     fn try_start(&mut self, r: usize, t: f64) {
-        if self.ranks[r].running {
+        if self.ranks[r].running || self.ranks[r].waking {
             return;
         }
         loop {
             let Some(&s) = self.ranks[r].startable.iter().next() else {
+                // Nothing to do until a message comes: it sleeps (a rank
+                // queued for a core or finished does not get here asleep).
+                let rk = &mut self.ranks[r];
+                rk.asleep = rk.left > 0 && !rk.queued;
                 return;
             };
+            self.ranks[r].asleep = false;
             if matches!(self.ranks[r].sched.steps[s as usize].action, Action::Sync) {
                 self.ranks[r].startable.remove(&s);
                 self.ranks[r].started[s as usize] = true;

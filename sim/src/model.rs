@@ -10,7 +10,11 @@
 //! shared by every message of the host in that direction (first come,
 //! first served). CPU work of the ranks of a host runs on `cores` cores
 //! of that host, or of the whole machine when `shared_cores` (hosts
-//! emulated by network namespaces of one machine share its cores).
+//! emulated by network namespaces of one machine share its cores). Where
+//! ranks outnumber their cores, a rank that ran out of work and waits for
+//! a message sleeps (the runtime yields its core rather than spin) and
+//! runs again `wake` after the message is there: the scheduler's wake-up.
+//! With a core each, ranks spin and `wake` is not paid.
 
 use std::fmt;
 
@@ -39,6 +43,9 @@ pub struct Model {
     pub cores: usize,
     /// `cores` belong to the whole machine, not to each host.
     pub shared_cores: bool,
+    /// From a message's arrival to its sleeping receiver running again,
+    /// where ranks outnumber cores.
+    pub wake: f64,
 }
 
 impl Default for Model {
@@ -56,6 +63,7 @@ impl Default for Model {
             nic_rate: 25e9,
             cores: 0,
             shared_cores: false,
+            wake: 0.0,
         }
     }
 }
@@ -108,6 +116,11 @@ pub const FIELDS: &[(&str, &str, &str)] = &[
         "bool",
         "cores are the machine's, not each host's",
     ),
+    (
+        "wake",
+        "time",
+        "oversubscribed cores: a message's arrival to its sleeping receiver running",
+    ),
 ];
 
 impl Model {
@@ -125,6 +138,7 @@ impl Model {
             "socket_rate" => self.socket_rate = r()?,
             "alpha" => self.alpha = t()?,
             "nic_rate" => self.nic_rate = r()?,
+            "wake" => self.wake = t()?,
             "cores" => {
                 self.cores = value
                     .parse()
@@ -176,7 +190,7 @@ impl Model {
         format!(
             "msg_overhead = {}\nstep_overhead = {}\nshm_alpha = {}\ncopy_rate = {}\n\
              reduce_rate = {}\nsocket_rate = {}\nalpha = {}\nnic_rate = {}\ncores = {}\n\
-             shared_cores = {}\n",
+             shared_cores = {}\nwake = {}\n",
             show_time(self.msg_overhead),
             show_time(self.step_overhead),
             show_time(self.shm_alpha),
@@ -186,7 +200,8 @@ impl Model {
             show_time(self.alpha),
             show_rate(self.nic_rate),
             self.cores,
-            self.shared_cores
+            self.shared_cores,
+            show_time(self.wake)
         )
     }
 }

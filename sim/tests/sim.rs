@@ -29,7 +29,33 @@ fn wire_only(alpha: f64, nic: f64) -> Model {
         nic_rate: nic,
         cores: 0,
         shared_cores: false,
+        wake: 0.0,
     }
+}
+
+/// Where ranks outnumber cores, a rank that waits for a message sleeps
+/// and runs again `wake` after it arrived: a ring all_reduce of 2 ranks
+/// sharing 1 core waits for each of its 2 receives, so it takes 2
+/// wake-ups longer (less the 32 ns each message's last bytes take at 1
+/// GB/s: they arrive while it wakes). With a core each, ranks spin and
+/// pay none.
+#[test]
+fn a_sleeping_rank_pays_a_wake_up_per_message_where_cores_are_oversubscribed() {
+    let ring = find("ring").unwrap();
+    let time = |wake: f64, cores: usize| {
+        let m = Model {
+            wake,
+            cores,
+            shared_cores: true,
+            ..wire_only(10e-6, 1e9)
+        };
+        let topo = Topology::new(2, 1).unwrap();
+        let spec = call(Kind::AllReduce, 64).spec(0, 2);
+        predict(&m, &topo, ring, &spec, true).unwrap().0.time
+    };
+    let extra = time(50e-6, 1) - time(0.0, 1);
+    assert!((extra - (100e-6 - 64e-9)).abs() < 1e-12, "2 ranks, 1 core: {extra}");
+    assert_eq!(time(50e-6, 2), time(0.0, 2));
 }
 
 #[test]
