@@ -27,6 +27,7 @@ pub trait Algorithm: Sync {
 pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::direct::Direct,
     &crate::oneshot::OneShot,
+    &crate::hier::Hier,
     &crate::ring::Ring,
     &crate::chain::Chain,
     &crate::pairwise::Pairwise,
@@ -37,7 +38,6 @@ pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::dbtree::DoubleTree,
     &crate::halving::Halving,
     &crate::scatter::ScatterGather,
-    &crate::hier::Hier,
 ];
 
 /// The algorithm called `name`.

@@ -67,6 +67,20 @@ impl Place {
     fn rail(&self, k: usize) -> usize {
         self.layout.rank(k, self.l, self.n)
     }
+    /// The ring of this host's ranks, by local index.
+    fn host_ring(&self) -> RingOf {
+        RingOf {
+            pos: self.l,
+            ranks: (0..self.per).map(|j| self.local(j)).collect(),
+        }
+    }
+    /// The ring of this rail's ranks, by host.
+    fn rail_ring(&self) -> RingOf {
+        RingOf {
+            pos: self.h,
+            ranks: (0..self.hosts).map(|k| self.rail(k)).collect(),
+        }
+    }
     /// The blocks (of `count`) of rail `j`'s ranks, by host, merged where
     /// adjacent (round robin placement: one span).
     fn column(&self, buf: BufId, j: usize, count: usize) -> Vec<Span> {
@@ -140,18 +154,28 @@ fn phase(s: &mut Schedule, after: &[u32], build: impl FnOnce(&mut Schedule)) -> 
         .collect()
 }
 
-/// A ring all-gather over `n` positions (`pos` is this rank's; `peer`
-/// maps positions to ranks): segment `seg(k)` is complete on position `k`
-/// at the start, on every position at the end.
-fn ring_ag(
-    s: &mut Schedule,
+/// A ring of some ranks: this rank's position and the rank at each.
+struct RingOf {
     pos: usize,
-    n: usize,
-    peer: &dyn Fn(usize) -> usize,
-    seg: &dyn Fn(usize) -> Vec<Span>,
-    chunk: usize,
-) {
-    let (next, prev) = (peer((pos + 1) % n), peer((pos + n - 1) % n));
+    ranks: Vec<usize>,
+}
+
+impl RingOf {
+    /// (positions, the rank after this one, the rank before it)
+    fn around(&self) -> (usize, usize, usize) {
+        let n = self.ranks.len();
+        (
+            n,
+            self.ranks[(self.pos + 1) % n],
+            self.ranks[(self.pos + n - 1) % n],
+        )
+    }
+}
+
+/// A ring all-gather: segment `seg(k)` is complete on position `k` at the
+/// start, on every position at the end.
+fn ring_ag(s: &mut Schedule, ring: &RingOf, seg: &dyn Fn(usize) -> Vec<Span>, chunk: usize) {
+    let ((n, next, prev), pos) = (ring.around(), ring.pos);
     let mut prev_recv: Vec<u32> = Vec::new();
     for step in 0..n.saturating_sub(1) {
         for (j, src) in pieces(&seg(sub_mod(pos, step, n)), chunk)
@@ -175,14 +199,12 @@ fn ring_ag(
 /// memory they share.
 fn ring_rs(
     s: &mut Schedule,
-    pos: usize,
-    n: usize,
-    peer: &dyn Fn(usize) -> usize,
+    ring: &RingOf,
     input: &dyn Fn(usize) -> Vec<Span>,
     slot: &dyn Fn(usize, usize) -> (BufId, usize),
     chunk: usize,
 ) {
-    let (next, prev) = (peer((pos + 1) % n), peer((pos + n - 1) % n));
+    let ((n, next, prev), pos) = (ring.around(), ring.pos);
     // The last step's receives and sends: (step index, span written/read).
     let mut prev_recv: Vec<(u32, Span)> = Vec::new();
     let mut prev_send: Vec<(u32, Span)> = Vec::new();
@@ -319,7 +341,7 @@ fn all_reduce(spec: &CollSpec, p: &Place) -> Schedule {
                 }]
             };
             let slot = |j: usize, _| (OUTPUT, seg(j).off);
-            ring_rs(s, p.l, p.per, &|j| p.local(j), &input, &slot, chunk);
+            ring_rs(s, &p.host_ring(), &input, &slot, chunk);
         }
     });
     // 2. Across hosts, rail l all-reduces segment l in place.
@@ -358,7 +380,7 @@ fn all_reduce(spec: &CollSpec, p: &Place) -> Schedule {
     });
     // 3. Inside the host: every segment to every local rank.
     phase(&mut s, &done, |s| {
-        ring_ag(s, p.l, p.per, &|j| p.local(j), &|j| vec![seg(j)], chunk);
+        ring_ag(s, &p.host_ring(), &|j| vec![seg(j)], chunk);
     });
     s
 }
@@ -376,18 +398,11 @@ fn all_gather(spec: &CollSpec, p: &Place) -> Schedule {
     });
     let done = phase(&mut s, &done, |s| {
         let block = |k: usize| vec![Span::new(OUTPUT, p.rail(k) * count, count)];
-        ring_ag(s, p.h, p.hosts, &|k| p.rail(k), &block, chunk);
+        ring_ag(s, &p.rail_ring(), &block, chunk);
     });
     // 2. Inside the host: the rails' columns.
     phase(&mut s, &done, |s| {
-        ring_ag(
-            s,
-            p.l,
-            p.per,
-            &|j| p.local(j),
-            &|j| p.column(OUTPUT, j, count),
-            chunk,
-        );
+        ring_ag(s, &p.host_ring(), &|j| p.column(OUTPUT, j, count), chunk);
     });
     s
 }
@@ -415,7 +430,7 @@ fn reduce_scatter(spec: &CollSpec, p: &Place) -> Schedule {
                     (SCRATCH, (t % 2) * column)
                 }
             };
-            ring_rs(s, p.l, p.per, &|j| p.local(j), &input, &slot, chunk);
+            ring_rs(s, &p.host_ring(), &input, &slot, chunk);
         } else if p.hosts == 1 {
             copy(s, Span::new(INPUT, 0, count), Span::new(OUTPUT, 0, count));
         }
@@ -437,7 +452,7 @@ fn reduce_scatter(spec: &CollSpec, p: &Place) -> Schedule {
                     (SCRATCH, (t % 2) * count)
                 }
             };
-            ring_rs(s, p.h, p.hosts, &|k| p.rail(k), &input, &slot, chunk);
+            ring_rs(s, &p.rail_ring(), &input, &slot, chunk);
         }
     });
     if spec.avg {
@@ -458,7 +473,8 @@ fn reduce_scatter(spec: &CollSpec, p: &Place) -> Schedule {
 }
 
 /// Hierarchical all_reduce, all_gather and reduce_scatter (see the module
-/// documentation). Chosen by the tuner or `OXCCL_ALGO=hier`.
+/// documentation). Chosen automatically for all_reduce across hosts of
+/// several ranks, by the tuner, or by `OXCCL_ALGO=hier`.
 pub struct Hier;
 
 impl crate::Algorithm for Hier {
@@ -473,8 +489,15 @@ impl crate::Algorithm for Hier {
             && s.layout
                 .is_some_and(|l| l.per_host > 0 && s.nranks.is_multiple_of(l.per_host))
     }
-    fn preferred(&self, _: &CollSpec, _: &crate::Tuning) -> bool {
-        false
+    /// Taken automatically for all_reduce on several hosts of several
+    /// ranks (after `oneshot`'s small sizes): on 4 emulated hosts of 2 it
+    /// was as fast as the ring or up to 2x faster at every size from 32
+    /// KiB to 16 MiB (docs/PERFORMANCE.md). all_gather and reduce_scatter
+    /// keep the ring until measured.
+    fn preferred(&self, s: &CollSpec, _: &crate::Tuning) -> bool {
+        s.kind == Kind::AllReduce
+            && s.layout
+                .is_some_and(|l| l.per_host > 1 && l.hosts(s.nranks) > 1)
     }
     fn build(&self, spec: &CollSpec) -> Schedule {
         let layout = spec.layout.expect("hier runs only calls with a layout");

@@ -122,12 +122,9 @@ fn blamed(stdout: &str) -> Vec<(usize, i64)> {
     v
 }
 
-#[test]
-fn srun_runs_the_correctness_matrix() {
-    if !slurm_present() {
-        return;
-    }
-    let out = srun(4, &["matrix", "100"]);
+/// The matrix on 4 ranks started by `launch`.
+fn runs_the_matrix(launch: fn(usize, &[&str]) -> Output) {
+    let out = launch(4, &["matrix", "100"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -135,61 +132,51 @@ fn srun_runs_the_correctness_matrix() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(stdout.contains("matrix OK: 4 ranks"), "{stdout}");
+}
+
+/// Rank 2 of 4 started by `launch` SIGKILLs itself mid-collective: every
+/// survivor names it, within 30 s.
+fn names_a_sigkilled_rank(launch: fn(usize, &[&str]) -> Output) {
+    let t = Instant::now();
+    let out = launch(4, &["die", "2"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        blamed(&stdout),
+        vec![(0, 2), (1, 2), (3, 2)],
+        "every survivor must name rank 2:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn srun_runs_the_correctness_matrix() {
+    if slurm_present() {
+        runs_the_matrix(srun);
+    }
 }
 
 #[test]
 fn under_srun_every_survivor_names_a_sigkilled_rank() {
-    if !slurm_present() {
-        return;
+    if slurm_present() {
+        names_a_sigkilled_rank(srun);
     }
-    let t = Instant::now();
-    let out = srun(4, &["die", "2"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        blamed(&stdout),
-        vec![(0, 2), (1, 2), (3, 2)],
-        "every survivor must name rank 2:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        t.elapsed()
-    );
 }
 
 #[test]
 fn mpirun_runs_the_correctness_matrix() {
-    if !mpirun_present() {
-        return;
+    if mpirun_present() {
+        runs_the_matrix(mpirun);
     }
-    let out = mpirun(4, &["matrix", "100"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("matrix OK: 4 ranks"), "{stdout}");
 }
 
 #[test]
 fn under_mpirun_every_survivor_names_a_sigkilled_rank() {
-    if !mpirun_present() {
-        return;
+    if mpirun_present() {
+        names_a_sigkilled_rank(mpirun);
     }
-    let t = Instant::now();
-    let out = mpirun(4, &["die", "2"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        blamed(&stdout),
-        vec![(0, 2), (1, 2), (3, 2)],
-        "every survivor must name rank 2:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        t.elapsed() < Duration::from_secs(30),
-        "took {:?}",
-        t.elapsed()
-    );
 }

@@ -54,7 +54,10 @@ fn a_sleeping_rank_pays_a_wake_up_per_message_where_cores_are_oversubscribed() {
         predict(&m, &topo, ring, &spec, true).unwrap().0.time
     };
     let extra = time(50e-6, 1) - time(0.0, 1);
-    assert!((extra - (100e-6 - 64e-9)).abs() < 1e-12, "2 ranks, 1 core: {extra}");
+    assert!(
+        (extra - (100e-6 - 64e-9)).abs() < 1e-12,
+        "2 ranks, 1 core: {extra}"
+    );
     assert_eq!(time(50e-6, 2), time(0.0, 2));
 }
 

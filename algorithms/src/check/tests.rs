@@ -117,6 +117,23 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     assert_ne!(choose(&s, None, &t).unwrap().name(), "direct");
     s.count += 1;
     assert_eq!(choose(&s, None, &t).unwrap().name(), "direct");
+    // Across hosts of several ranks, all_reduce past oneshot's sizes goes
+    // hierarchical; one rank per host or one host stays on the ring.
+    let placed = |per_host| CollSpec {
+        layout: Some(crate::Layout {
+            per_host,
+            cyclic: false,
+        }),
+        ..CollSpec::new(Kind::AllReduce, 0, 8, 1 << 20)
+    };
+    assert_eq!(choose(&placed(2), None, &t).unwrap().name(), "hier");
+    assert_eq!(choose(&placed(1), None, &t).unwrap().name(), "ring");
+    assert_eq!(choose(&placed(8), None, &t).unwrap().name(), "ring");
+    let small = CollSpec {
+        count: 16,
+        ..placed(2)
+    };
+    assert_eq!(choose(&small, None, &t).unwrap().name(), "oneshot");
     // Forcing an algorithm that cannot run a call leaves it to the registry.
     let b = CollSpec::new(Kind::Broadcast, 0, 4, 1000);
     assert_eq!(choose(&b, Some("oneshot"), &t).unwrap().name(), "chain");
