@@ -1,0 +1,53 @@
+//! NCCL's C API (`nccl.h`, 2.32) on oxccl: a program written against NCCL
+//! runs on oxccl by linking this library (`libnccl.so.2` by soname) in
+//! place of NVIDIA's. Programs include NVIDIA's own `nccl.h`; every type,
+//! enum value and struct layout here is that header's.
+//!
+//! - [`result`]: `ncclResult_t`, the last error's text, oxccl errors as
+//!   NCCL codes;
+//! - [`types`]: data types and reduction operators;
+//! - [`id`]: `ncclUniqueId` (128 bytes) and oxccl's unique id;
+//! - [`comm`]: communicators — create, query, finalize, destroy, abort;
+//! - [`coll`]: the collectives.
+//!
+//! Memory: host pointers with a null stream — the call completes before it
+//! returns (an extension: NVIDIA's NCCL takes device memory only). A
+//! non-null stream is refused with `ncclInvalidUsage` until the CUDA path
+//! (the `cuda` feature of oxccl) is wired here. Every entry point also
+//! exists as `pnccl*`, NCCL's profiling alias.
+//!
+//! What is not here yet is absent (a program using it fails to link),
+//! never a silent no-op.
+
+// The exported names are NCCL's.
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+// Every entry point is `unsafe extern "C"`: its contract is the one
+// nccl.h documents for the function of the same name (valid pointers of
+// the stated sizes, a communicator from ncclCommInitRank not yet
+// destroyed); each checks what can be checked (null pointers, counts,
+// enum values) and returns an error for the rest of what it can see.
+#![allow(clippy::missing_safety_doc)]
+
+pub mod coll;
+pub mod comm;
+pub mod id;
+pub mod result;
+pub mod types;
+
+pub use result::ncclResult_t;
+
+/// Define `nccl<Name>` and its profiling alias `pnccl<Name>` with one body.
+macro_rules! export {
+    ($(#[$m:meta])* fn $name:ident / $alias:ident ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::result::ncclResult_t $body
+
+        #[doc = concat!("`", stringify!($name), "` (NCCL's profiling alias).")]
+        #[no_mangle]
+        pub unsafe extern "C" fn $alias($($arg: $ty),*) -> $crate::result::ncclResult_t {
+            $name($($arg),*)
+        }
+    };
+}
+pub(crate) use export;

@@ -1,0 +1,283 @@
+//! The C entry points called as a C program would, with threads as ranks:
+//! every collective on host memory (in and out of place, results exact),
+//! the queries, and the errors (codes and `ncclGetLastError` texts).
+//!
+//! One test function: the configuration comes from the environment
+//! (`OXCCL_SOCKET_IFNAME=lo` keeps traffic on loopback), set once before
+//! any rank starts.
+
+use oxccl_nccl::coll::*;
+use oxccl_nccl::comm::*;
+use oxccl_nccl::id::*;
+use oxccl_nccl::result::*;
+use std::ffi::{c_int, c_void, CStr};
+use std::ptr::{null, null_mut};
+
+const FLOAT: i32 = 7;
+const SUM: i32 = 0;
+const MAX: i32 = 2;
+
+fn last_error() -> String {
+    // SAFETY: a NUL-terminated string owned by this thread's last error.
+    unsafe { CStr::from_ptr(ncclGetLastError(null_mut())) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Run `f(comm, rank)` on `n` ranks (threads) of a fresh communicator.
+fn with_ranks(n: usize, f: impl Fn(ncclComm_t, usize) + Sync) {
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
+    // SAFETY: room for one id.
+    assert_eq!(
+        unsafe { ncclGetUniqueId(&mut id) },
+        ncclSuccess,
+        "{}",
+        last_error()
+    );
+    std::thread::scope(|s| {
+        for r in 0..n {
+            let f = &f;
+            s.spawn(move || {
+                let mut comm: ncclComm_t = null_mut();
+                // SAFETY: room for a handle; the id is from ncclGetUniqueId.
+                let rc = unsafe { ncclCommInitRank(&mut comm, n as c_int, id, r as c_int) };
+                assert_eq!(rc, ncclSuccess, "rank {r}: {}", last_error());
+                f(comm, r);
+                // SAFETY: from ncclCommInitRank.
+                assert_eq!(unsafe { ncclCommDestroy(comm) }, ncclSuccess);
+            });
+        }
+    });
+}
+
+fn p(v: &[f32]) -> *const c_void {
+    v.as_ptr() as *const c_void
+}
+fn pm(v: &mut [f32]) -> *mut c_void {
+    v.as_mut_ptr() as *mut c_void
+}
+
+/// Every collective on 3 ranks, checked exactly.
+fn collectives() {
+    let n = 3;
+    with_ranks(n, |comm, r| {
+        let (mut got_n, mut got_r) = (0, 0);
+        // SAFETY (every call below): buffers of the sizes nccl.h asks for,
+        // a live communicator, a NULL stream.
+        unsafe {
+            assert_eq!(ncclCommCount(comm, &mut got_n), ncclSuccess);
+            assert_eq!(ncclCommUserRank(comm, &mut got_r), ncclSuccess);
+        }
+        assert_eq!((got_n as usize, got_r as usize), (n, r));
+        let c = 1000;
+        let mine: Vec<f32> = (0..c).map(|i| (r * c + i) as f32).collect();
+        let sum: Vec<f32> = (0..c)
+            .map(|i| (0..n).map(|k| (k * c + i) as f32).sum())
+            .collect();
+
+        let mut out = vec![0f32; c];
+        unsafe {
+            assert_eq!(
+                ncclAllReduce(p(&mine), pm(&mut out), c, FLOAT, SUM, comm, null_mut()),
+                0
+            )
+        };
+        assert_eq!(out, sum, "all_reduce");
+        let mut inplace = mine.clone();
+        let ip = pm(&mut inplace);
+        unsafe { assert_eq!(ncclAllReduce(ip, ip, c, FLOAT, MAX, comm, null_mut()), 0) };
+        let max: Vec<f32> = (0..c).map(|i| ((n - 1) * c + i) as f32).collect();
+        assert_eq!(inplace, max, "all_reduce in place");
+
+        let mut b = vec![0f32; c];
+        unsafe {
+            assert_eq!(
+                ncclBroadcast(p(&mine), pm(&mut b), c, FLOAT, 1, comm, null_mut()),
+                0
+            )
+        };
+        let root1: Vec<f32> = (0..c).map(|i| (c + i) as f32).collect();
+        assert_eq!(b, root1, "broadcast");
+        // Non-roots may pass a NULL sendbuff.
+        let mut b2 = vec![0f32; c];
+        let s = if r == 2 { p(&mine) } else { null() };
+        unsafe {
+            assert_eq!(
+                ncclBroadcast(s, pm(&mut b2), c, FLOAT, 2, comm, null_mut()),
+                0
+            )
+        };
+        assert_eq!(
+            b2[c - 1],
+            (2 * c + c - 1) as f32,
+            "broadcast, NULL sendbuff off the root"
+        );
+        let mut bc = mine.clone();
+        unsafe { assert_eq!(ncclBcast(pm(&mut bc), c, FLOAT, 0, comm, null_mut()), 0) };
+        assert_eq!(bc[..3], [0.0, 1.0, 2.0], "bcast");
+
+        // Non-roots may pass a NULL recvbuff.
+        let mut red = vec![0f32; c];
+        let rb = if r == 2 { pm(&mut red) } else { null_mut() };
+        unsafe {
+            assert_eq!(
+                ncclReduce(p(&mine), rb, c, FLOAT, SUM, 2, comm, null_mut()),
+                0
+            )
+        };
+        if r == 2 {
+            assert_eq!(red, sum, "reduce");
+        }
+
+        let mut all = vec![0f32; n * c];
+        unsafe {
+            assert_eq!(
+                ncclAllGather(p(&mine), pm(&mut all), c, FLOAT, comm, null_mut()),
+                0
+            )
+        };
+        let gathered: Vec<f32> = (0..n * c).map(|i| i as f32).collect();
+        assert_eq!(all, gathered, "all_gather");
+        let mut all_in = vec![0f32; n * c];
+        all_in[r * c..(r + 1) * c].copy_from_slice(&mine);
+        let base = pm(&mut all_in);
+        let own = unsafe { (base as *mut f32).add(r * c) } as *const c_void;
+        unsafe { assert_eq!(ncclAllGather(own, base, c, FLOAT, comm, null_mut()), 0) };
+        assert_eq!(all_in, gathered, "all_gather in place");
+
+        let input: Vec<f32> = (0..n * c).map(|i| (i + r) as f32).collect();
+        let want: Vec<f32> = (0..c)
+            .map(|i| (0..n).map(|k| (r * c + i + k) as f32).sum())
+            .collect();
+        let mut rs = vec![0f32; c];
+        unsafe {
+            assert_eq!(
+                ncclReduceScatter(p(&input), pm(&mut rs), c, FLOAT, SUM, comm, null_mut()),
+                0
+            )
+        };
+        assert_eq!(rs, want, "reduce_scatter");
+        let mut rs_in = input.clone();
+        let base = pm(&mut rs_in);
+        let own = unsafe { (base as *mut f32).add(r * c) } as *mut c_void;
+        unsafe {
+            assert_eq!(
+                ncclReduceScatter(base, own, c, FLOAT, SUM, comm, null_mut()),
+                0
+            )
+        };
+        assert_eq!(
+            rs_in[r * c..(r + 1) * c],
+            want[..],
+            "reduce_scatter in place"
+        );
+
+        // all_to_all: rank r sends r*1000 + j to block j.
+        let send: Vec<f32> = (0..n * c).map(|i| (r * 100_000 + i) as f32).collect();
+        let mut recv = vec![0f32; n * c];
+        unsafe {
+            assert_eq!(
+                ncclAlltoAll(p(&send), pm(&mut recv), c, FLOAT, comm, null_mut()),
+                0
+            )
+        };
+        for k in 0..n {
+            assert_eq!(
+                recv[k * c],
+                (k * 100_000 + r * c) as f32,
+                "all_to_all from {k}"
+            );
+        }
+    });
+}
+
+/// Bad calls: each a code and a text that names what was wrong; nothing
+/// is sent, so the communicator stays usable.
+fn errors() {
+    with_ranks(2, |comm, _| {
+        let x = vec![1f32; 8];
+        let mut y = vec![0f32; 8];
+        unsafe {
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, FLOAT, SUM, null_mut(), null_mut()),
+                ncclInvalidArgument
+            );
+            assert!(last_error().contains("comm is NULL"), "{}", last_error());
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, 10, SUM, comm, null_mut()),
+                ncclInvalidArgument
+            );
+            assert!(last_error().contains("float8"), "{}", last_error());
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, 42, SUM, comm, null_mut()),
+                ncclInvalidArgument
+            );
+            assert!(last_error().contains("datatype 42"), "{}", last_error());
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, FLOAT, 5, comm, null_mut()),
+                ncclInvalidArgument
+            );
+            assert!(last_error().contains("operator 5"), "{}", last_error());
+            let stream = 0x1000 as cudaStream_t;
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, FLOAT, SUM, comm, stream),
+                ncclInvalidUsage
+            );
+            assert!(last_error().contains("stream"), "{}", last_error());
+            assert_eq!(
+                ncclAllReduce(null(), pm(&mut y), 8, FLOAT, SUM, comm, null_mut()),
+                ncclInvalidArgument
+            );
+            assert!(
+                last_error().contains("sendbuff is NULL"),
+                "{}",
+                last_error()
+            );
+            assert_eq!(
+                ncclBroadcast(p(&x), pm(&mut y), 8, FLOAT, 7, comm, null_mut()),
+                ncclInvalidArgument
+            );
+            assert!(last_error().contains("root 7"), "{}", last_error());
+            // Still usable.
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, FLOAT, SUM, comm, null_mut()),
+                ncclSuccess
+            );
+            let mut e = -1;
+            assert_eq!(ncclCommGetAsyncError(comm, &mut e), ncclSuccess);
+            assert_eq!(e, ncclSuccess);
+        }
+        assert_eq!(y, vec![2f32; 8]);
+    });
+    let mut comm: ncclComm_t = null_mut();
+    let bad = ncclUniqueId {
+        internal: [b'x'; NCCL_UNIQUE_ID_BYTES],
+    };
+    unsafe {
+        assert_eq!(ncclCommInitRank(&mut comm, 2, bad, 0), ncclInvalidArgument);
+        assert!(last_error().contains("NUL"), "{}", last_error());
+        assert_eq!(ncclCommInitRank(&mut comm, 2, bad, 2), ncclInvalidArgument);
+        assert!(
+            last_error().contains("rank 2 is not a rank of 2"),
+            "{}",
+            last_error()
+        );
+        assert_eq!(ncclCommDestroy(null_mut()), ncclInvalidArgument);
+        let s = CStr::from_ptr(ncclGetErrorString(ncclRemoteError)).to_string_lossy();
+        assert!(s.contains("remote"), "{s}");
+        let mut v = 0;
+        assert_eq!(ncclGetVersion(&mut v), ncclSuccess);
+        assert_eq!(v, 23206);
+        assert_eq!(pncclGetVersion(&mut v), ncclSuccess);
+    }
+}
+
+#[test]
+fn the_c_api_from_threads_as_ranks() {
+    // Before any thread reads the environment.
+    std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    collectives();
+    errors();
+}
