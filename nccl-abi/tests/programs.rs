@@ -1,0 +1,127 @@
+//! Programs written against NCCL, run on this library: the C test suite
+//! (`tests/c/collectives.c`) compiled against NVIDIA's own `nccl.h` and
+//! linked with `-lnccl` resolving to ours, on 1–5 ranks; a Python `ctypes`
+//! program (`tests/python/allreduce.py`) on 3. Both started the way `oxrun`
+//! starts ranks (`oxccl::launch`).
+//!
+//! NVIDIA's `nccl.h` comes from the `nvidia-nccl-cu13` wheel and the CUDA
+//! headers it includes from `nvidia-cuda-runtime`, `-crt` and `-cccl`
+//! (PyPI; no CUDA toolkit): `OXCCL_NCCL_INCLUDE` and `OXCCL_CUDA_INCLUDE`
+//! name their include directories. Without them the C test is skipped,
+//! unless `OXCCL_REQUIRE_NCCL_H=1` (CI sets it) makes that a failure.
+
+use oxccl::launch::{run, Launch, Output};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// This build's shared library: beside the test executable in `deps/`
+/// (`cargo test` builds it there; the copy one level up is `cargo
+/// build`'s, and may be older).
+fn cdylib() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let lib = exe.parent().unwrap().join("liboxccl_nccl.so");
+    assert!(lib.exists(), "{} is not built", lib.display());
+    lib
+}
+
+/// A directory where `libnccl.so` and `libnccl.so.2` are ours.
+fn link_dir(tmp: &Path) -> PathBuf {
+    let d = tmp.join("lib");
+    std::fs::create_dir_all(&d).unwrap();
+    for name in ["libnccl.so", "libnccl.so.2"] {
+        let _ = std::fs::remove_file(d.join(name));
+        std::os::unix::fs::symlink(cdylib(), d.join(name)).unwrap();
+    }
+    d
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("oxccl-nccl-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `nranks` ranks of `program args.. ID_FILE`, as oxrun starts them.
+fn launch(nranks: usize, program: &str, args: &[String], lib: &Path, tmp: &Path) -> i32 {
+    let id_file = tmp.join(format!("id-{nranks}"));
+    let _ = std::fs::remove_file(&id_file);
+    let mut args = args.to_vec();
+    args.push(id_file.display().to_string());
+    run(&Launch {
+        nranks,
+        program: program.into(),
+        args,
+        output: Output::Prefixed,
+        kill_after: Duration::from_secs(2),
+        env: vec![
+            ("LD_LIBRARY_PATH".into(), lib.display().to_string()),
+            ("OXCCL_SOCKET_IFNAME".into(), "lo".into()),
+            ("OXCCL_TIMEOUT".into(), "60".into()),
+        ],
+    })
+}
+
+fn headers() -> Option<(String, String)> {
+    let get = |v: &str| std::env::var(v).ok().filter(|d| Path::new(d).is_dir());
+    match (get("OXCCL_NCCL_INCLUDE"), get("OXCCL_CUDA_INCLUDE")) {
+        (Some(n), Some(c)) if Path::new(&n).join("nccl.h").exists() => Some((n, c)),
+        _ => {
+            assert!(
+                std::env::var("OXCCL_REQUIRE_NCCL_H").as_deref() != Ok("1"),
+                "OXCCL_REQUIRE_NCCL_H=1 but OXCCL_NCCL_INCLUDE / OXCCL_CUDA_INCLUDE do not \
+                 name directories with nccl.h and cuda_runtime.h"
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
+    let Some((nccl_inc, cuda_inc)) = headers() else {
+        eprintln!("skipped: NVIDIA's nccl.h not found (see the module documentation)");
+        return;
+    };
+    let tmp = scratch("c");
+    let lib = link_dir(&tmp);
+    let exe = tmp.join("collectives");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/collectives.c");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-I{nccl_inc}"))
+        .arg(format!("-I{cuda_inc}"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lnccl")
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for n in 1..=5 {
+        let rc = launch(n, exe.to_str().unwrap(), &[], &lib, &tmp);
+        assert_eq!(
+            rc, 0,
+            "the C test suite failed on {n} ranks (its output is above)"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_python_ctypes_program_runs_an_all_reduce() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        eprintln!("skipped: no python3");
+        return;
+    }
+    let tmp = scratch("py");
+    let lib = link_dir(&tmp);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/allreduce.py");
+    let rc = launch(3, "python3", &[script.display().to_string()], &lib, &tmp);
+    assert_eq!(rc, 0, "the ctypes program failed (its output is above)");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
