@@ -276,6 +276,51 @@ impl<'a> Group<'a> {
         Ok(())
     }
 
+    /// Send `region` (`dtype` elements) to `peer`: the untyped form for
+    /// bindings (the C ABI).
+    ///
+    /// # Safety
+    /// `region` must hold whole, aligned `dtype` elements and stay valid,
+    /// unwritten by anything else, until the group has completed.
+    pub unsafe fn send_region(
+        &mut self,
+        region: Region,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        self.p2p(true, region, peer, dtype)
+    }
+    /// Receive into `region` from `peer` (untyped, see [`Group::send_region`]).
+    ///
+    /// # Safety
+    /// As [`Group::send_region`]; nothing else may read or write `region`
+    /// until the group has completed.
+    pub unsafe fn recv_region(
+        &mut self,
+        region: Region,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<()> {
+        self.p2p(false, region, peer, dtype)
+    }
+    /// Collective `kind` on regions in the group (untyped; conventions of
+    /// [`Communicator::collective_regions`]).
+    ///
+    /// # Safety
+    /// As [`Communicator::collective_regions`], until the group has
+    /// completed.
+    pub unsafe fn collective_regions(
+        &mut self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.coll(kind, send, recv, dtype, op, root)
+    }
+
     /// Send `buf` to `peer`.
     pub fn send<T: Element, B: Buffer<T> + ?Sized>(
         &mut self,

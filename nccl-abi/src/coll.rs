@@ -5,6 +5,7 @@
 
 use crate::comm::{count, get, ncclComm_t};
 use crate::export;
+use crate::group::{submit, Op};
 use crate::result::{run, Failure};
 use crate::types::{data_type, ncclDataType_t, ncclRedOp_t, red_op};
 use oxccl::{DataType, Kind, MemorySpace, ReduceOp, Region};
@@ -13,8 +14,20 @@ use std::ffi::{c_int, c_void};
 /// CUDA's `cudaStream_t`.
 pub type cudaStream_t = *mut c_void;
 
+/// Calls take host memory and complete before they return: only the
+/// NULL stream fits.
+pub(crate) fn host_stream(stream: cudaStream_t) -> Result<(), Failure> {
+    match stream.is_null() {
+        true => Ok(()),
+        false => Err(Failure::usage(
+            "a stream was given: this build of oxccl's libnccl takes host memory with a \
+             NULL stream only (device memory needs the cuda feature)",
+        )),
+    }
+}
+
 /// `elems` elements of `dtype` at `ptr`, host memory.
-fn region(
+pub(crate) fn region(
     what: &str,
     ptr: *const c_void,
     elems: usize,
@@ -52,13 +65,8 @@ unsafe fn collective(
 ) -> crate::result::ncclResult_t {
     run(name, || {
         // SAFETY: the caller's contract.
-        let c = unsafe { get(comm) }?;
-        if !stream.is_null() {
-            return Err(Failure::usage(
-                "a stream was given: this build of oxccl's libnccl takes host memory with a \
-                 NULL stream only (device memory needs the cuda feature)",
-            ));
-        }
+        unsafe { get(comm) }?;
+        host_stream(stream)?;
         let dtype = data_type(datatype)?;
         let op = op.map(red_op).transpose()?.unwrap_or(ReduceOp::Sum);
         let root = count("root", root)?;
@@ -66,11 +74,18 @@ unsafe fn collective(
             .map(|(p, n)| region("sendbuff", p, n, dtype))
             .transpose()?;
         let recv = region("recvbuff", recv.0, recv.1, dtype)?;
+        let op = Op::Coll {
+            kind,
+            send,
+            recv,
+            dtype,
+            op,
+            root,
+        };
         // SAFETY: the caller's contract: the buffers hold the elements
-        // nccl.h says, stay valid for the call (it completes before it
-        // returns) and nothing else writes them meanwhile.
-        unsafe { c.collective_regions(kind, send, recv, dtype, op, root) }?;
-        Ok(())
+        // nccl.h says, stay valid until the call (or its group) completes
+        // and nothing else writes them meanwhile.
+        unsafe { submit(comm, op) }
     })
 }
 

@@ -8,7 +8,9 @@
 //! - [`types`]: data types and reduction operators;
 //! - [`id`]: `ncclUniqueId` (128 bytes) and oxccl's unique id;
 //! - [`comm`]: communicators — create, query, finalize, destroy, abort;
-//! - [`coll`]: the collectives.
+//! - [`coll`]: the collectives;
+//! - [`group`]: `ncclGroupStart`/`End` (any mix of calls, on any
+//!   communicators) and `ncclSend`/`ncclRecv`.
 //!
 //! Memory: host pointers with a null stream — the call completes before it
 //! returns (an extension: NVIDIA's NCCL takes device memory only). A
@@ -30,6 +32,7 @@
 
 pub mod coll;
 pub mod comm;
+pub mod group;
 pub mod id;
 pub mod result;
 pub mod types;

@@ -8,6 +8,7 @@
 
 use oxccl_nccl::coll::*;
 use oxccl_nccl::comm::*;
+use oxccl_nccl::group::*;
 use oxccl_nccl::id::*;
 use oxccl_nccl::result::*;
 use std::ffi::{c_int, c_void, CStr};
@@ -193,6 +194,95 @@ fn collectives() {
     });
 }
 
+/// Groups: a ring exchange of sends and receives with a collective in the
+/// same group, and one thread driving two communicators in one group in
+/// opposite orders on the two ranks (run one after the other, that would
+/// wait forever: each communicator's group runs at the same time).
+fn groups() {
+    let n = 3;
+    with_ranks(n, |comm, r| {
+        let mine = vec![r as f32; 100];
+        let mut from_prev = vec![0f32; 100];
+        let mut sum = vec![0f32; 100];
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        unsafe {
+            assert_eq!(ncclGroupStart(), ncclSuccess);
+            assert_eq!(
+                ncclRecv(
+                    pm(&mut from_prev),
+                    100,
+                    FLOAT,
+                    prev as c_int,
+                    comm,
+                    null_mut()
+                ),
+                0
+            );
+            assert_eq!(
+                ncclAllReduce(p(&mine), pm(&mut sum), 100, FLOAT, SUM, comm, null_mut()),
+                0
+            );
+            assert_eq!(
+                ncclSend(p(&mine), 100, FLOAT, next as c_int, comm, null_mut()),
+                0
+            );
+            // Nothing ran yet.
+            assert_eq!(from_prev[0], 0.0);
+            assert_eq!(ncclGroupEnd(), ncclSuccess, "{}", last_error());
+        }
+        assert_eq!(from_prev, vec![prev as f32; 100]);
+        assert_eq!(sum, vec![3.0; 100]);
+    });
+    // Two communicators of the same two ranks, in one group per thread.
+    let mut ids = [ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    }; 2];
+    for id in &mut ids {
+        assert_eq!(unsafe { ncclGetUniqueId(id) }, ncclSuccess);
+    }
+    std::thread::scope(|s| {
+        for r in 0..2usize {
+            let ids = &ids;
+            s.spawn(move || {
+                let comms: Vec<ncclComm_t> = ids
+                    .iter()
+                    .map(|id| {
+                        let mut c: ncclComm_t = null_mut();
+                        assert_eq!(unsafe { ncclCommInitRank(&mut c, 2, *id, r as c_int) }, 0);
+                        c
+                    })
+                    .collect();
+                let x = [vec![1f32; 64], vec![10f32; 64]];
+                let mut y = [vec![0f32; 64], vec![0f32; 64]];
+                let order: [usize; 2] = if r == 0 { [0, 1] } else { [1, 0] };
+                unsafe {
+                    assert_eq!(ncclGroupStart(), 0);
+                    for &k in &order {
+                        let (xk, yk) = (p(&x[k]), y[k].as_mut_ptr() as *mut c_void);
+                        assert_eq!(
+                            ncclAllReduce(xk, yk, 64, FLOAT, SUM, comms[k], null_mut()),
+                            0
+                        );
+                    }
+                    assert_eq!(ncclGroupEnd(), ncclSuccess, "{}", last_error());
+                }
+                assert_eq!((y[0][0], y[1][63]), (2.0, 20.0));
+                for c in comms {
+                    assert_eq!(unsafe { ncclCommDestroy(c) }, 0);
+                }
+            });
+        }
+    });
+    unsafe {
+        assert_eq!(ncclGroupEnd(), ncclInvalidUsage);
+        assert!(
+            last_error().contains("without ncclGroupStart"),
+            "{}",
+            last_error()
+        );
+    }
+}
+
 /// Bad calls: each a code and a text that names what was wrong; nothing
 /// is sent, so the communicator stays usable.
 fn errors() {
@@ -278,6 +368,9 @@ fn errors() {
 fn the_c_api_from_threads_as_ranks() {
     // Before any thread reads the environment.
     std::env::set_var("OXCCL_SOCKET_IFNAME", "lo");
+    // A group that deadlocked would fail in 30 s rather than hang.
+    std::env::set_var("OXCCL_TIMEOUT", "30");
     collectives();
+    groups();
     errors();
 }

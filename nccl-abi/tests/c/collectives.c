@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
 
   const size_t c = 1031; /* not a multiple of any rank count */
   int32_t *in = malloc(nranks * c * sizeof(int32_t));
-  int32_t *out = malloc(nranks * c * sizeof(int32_t));
+  int32_t *out = malloc((nranks < 2 ? 2 : nranks) * c * sizeof(int32_t)); /* the group uses 2c */
   double *din = malloc(c * sizeof(double)), *dout = malloc(c * sizeof(double));
 
   /* all_reduce: int32 sum out of place, double max in place */
@@ -140,6 +140,23 @@ int main(int argc, char **argv) {
   for (int k = 0; k < nranks; k++)
     for (size_t i = 0; i < c; i++)
       EXPECT(out[k * c + i] == (int32_t)(k * 100000 + rank * c + i), "all_to_all[%d][%zu]", k, i);
+
+  /* a group: a ring exchange of send/recv with a collective in the middle */
+  {
+    int next = (rank + 1) % nranks, prev = (rank + nranks - 1) % nranks;
+    for (size_t i = 0; i < c; i++) in[i] = (int32_t)(rank * 1000 + i);
+    memset(out, 0, 2 * c * sizeof(int32_t));
+    CHECK(ncclGroupStart());
+    CHECK(ncclRecv(out, c, ncclInt32, prev, comm, NULL));
+    CHECK(ncclAllReduce(in, out + c, c, ncclInt32, ncclMax, comm, NULL));
+    CHECK(ncclSend(in, c, ncclInt32, next, comm, NULL));
+    CHECK(ncclGroupEnd());
+    for (size_t i = 0; i < c; i++) {
+      EXPECT(out[i] == (int32_t)(prev * 1000 + i), "recv[%zu] = %d", i, out[i]);
+      EXPECT(out[c + i] == (int32_t)((nranks - 1) * 1000 + i), "group all_reduce[%zu] = %d", i, out[c + i]);
+    }
+    EXPECT(ncclGroupEnd() == ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  }
 
   /* bad calls: codes and texts, and the communicator still works */
   EXPECT(ncclAllReduce(in, out, c, ncclFloat8e4m3, ncclSum, comm, NULL) == ncclInvalidArgument, "float8");
