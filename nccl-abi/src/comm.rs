@@ -179,3 +179,91 @@ export! {
         })
     }
 }
+
+/// `NCCL_SPLIT_NOCOLOR`: the rank joins no new communicator.
+pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
+
+export! {
+    /// `ncclCommSplit`: every rank of `comm` calls it; ranks of equal
+    /// `color` form a new communicator, ordered by `key` (then by their
+    /// rank here); `NCCL_SPLIT_NOCOLOR` joins none (`*newcomm` = NULL).
+    /// `config` must be NULL (configurations are not taken yet).
+    fn ncclCommSplit / pncclCommSplit(
+        comm: ncclComm_t,
+        color: c_int,
+        key: c_int,
+        newcomm: *mut ncclComm_t,
+        config: *mut std::ffi::c_void,
+    ) {
+        run("ncclCommSplit", || {
+            // SAFETY: the caller's contract.
+            let c = unsafe { get(comm) }?;
+            if newcomm.is_null() {
+                return Err(Failure::invalid("newcomm is NULL"));
+            }
+            if !config.is_null() {
+                return Err(Failure::usage(
+                    "a config was given: ncclConfig_t is not taken yet (pass NULL)",
+                ));
+            }
+            let color = match color {
+                NCCL_SPLIT_NOCOLOR => None,
+                c if c >= 0 => Some(c as u32),
+                c => {
+                    return Err(Failure::invalid(format!(
+                        "color {c} is negative (and not NCCL_SPLIT_NOCOLOR)"
+                    )))
+                }
+            };
+            let made = c.split_maybe(color, i64::from(key))?;
+            let handle = made.map_or(std::ptr::null_mut(), |m| {
+                Box::into_raw(Box::new(ncclComm { comm: m }))
+            });
+            // SAFETY: non-null; the caller gives room for a handle.
+            unsafe { newcomm.write(handle) };
+            Ok(())
+        })
+    }
+}
+
+export! {
+    /// `ncclCommInitAll`: `ndev` ranks of one new communicator, all in this
+    /// process (NCCL's one process, many devices), in `comm[0..ndev]`.
+    /// Host memory: `devlist` is not used (NULL or not).
+    fn ncclCommInitAll / pncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
+        let _ = devlist;
+        run("ncclCommInitAll", || {
+            if comm.is_null() {
+                return Err(Failure::invalid("comm is NULL"));
+            }
+            let n = count("ndev", ndev)?;
+            if n == 0 {
+                return Err(Failure::invalid("ndev is 0"));
+            }
+            let config = config()?;
+            let id = oxccl::UniqueId::with_config(&config)?;
+            // Every rank joins at once (each waits for the others).
+            let made: Vec<Result<Communicator, oxccl::Error>> = std::thread::scope(|s| {
+                let joins: Vec<_> = (0..n)
+                    .map(|r| {
+                        let (id, config) = (&id, config.clone());
+                        s.spawn(move || Communicator::init_with_config(id, r, n, config))
+                    })
+                    .collect();
+                joins
+                    .into_iter()
+                    .map(|j| j.join().unwrap_or_else(|_| Err(oxccl::Error::System("a rank's thread panicked".into()))))
+                    .collect()
+            });
+            let mut comms = Vec::with_capacity(n);
+            for m in made {
+                comms.push(m?);
+            }
+            for (r, c) in comms.into_iter().enumerate() {
+                // SAFETY: the caller gives room for ndev handles.
+                unsafe { comm.add(r).write(Box::into_raw(Box::new(ncclComm { comm: c }))) };
+            }
+            Ok(())
+        })
+    }
+}

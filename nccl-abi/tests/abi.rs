@@ -283,6 +283,76 @@ fn groups() {
     }
 }
 
+/// `ncclCommSplit` (colors, keys reversing the order, a rank with no
+/// color) and `ncclCommInitAll` (3 ranks in this thread, driven by one
+/// group).
+fn split_and_init_all() {
+    with_ranks(4, |comm, r| {
+        let color = if r == 3 {
+            NCCL_SPLIT_NOCOLOR
+        } else {
+            (r % 2) as c_int
+        };
+        let mut sub: ncclComm_t = null_mut();
+        let rc = unsafe { ncclCommSplit(comm, color, -(r as c_int), &mut sub, null_mut()) };
+        assert_eq!(rc, ncclSuccess, "{}", last_error());
+        if r == 3 {
+            assert!(sub.is_null());
+            return;
+        }
+        let (mut n, mut me) = (0, 0);
+        unsafe {
+            assert_eq!(ncclCommCount(sub, &mut n), 0);
+            assert_eq!(ncclCommUserRank(sub, &mut me), 0);
+        }
+        // Evens {0, 2} keyed 0, -2: rank 2 first; odds {1}.
+        let want = match r {
+            0 => (2, 1),
+            2 => (2, 0),
+            _ => (1, 0),
+        };
+        assert_eq!((n, me), want, "rank {r}");
+        let x = vec![r as f32; 8];
+        let mut y = vec![0f32; 8];
+        unsafe {
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut y), 8, FLOAT, SUM, sub, null_mut()),
+                0
+            );
+            assert_eq!(ncclCommDestroy(sub), 0);
+        }
+        assert_eq!(y[0], if r % 2 == 0 { 2.0 } else { 1.0 });
+    });
+    let mut comms = [null_mut(); 3];
+    unsafe {
+        assert_eq!(
+            ncclCommInitAll(comms.as_mut_ptr(), 3, null()),
+            ncclSuccess,
+            "{}",
+            last_error()
+        );
+    }
+    let xs: Vec<Vec<f32>> = (0..3).map(|r| vec![r as f32 + 1.0; 16]).collect();
+    let mut ys = vec![vec![0f32; 16]; 3];
+    unsafe {
+        assert_eq!(ncclGroupStart(), 0);
+        for (r, y) in ys.iter_mut().enumerate() {
+            assert_eq!(
+                ncclAllReduce(p(&xs[r]), pm(y), 16, FLOAT, SUM, comms[r], null_mut()),
+                0
+            );
+        }
+        assert_eq!(ncclGroupEnd(), ncclSuccess, "{}", last_error());
+        for (r, c) in comms.iter().enumerate() {
+            let mut me = -1;
+            assert_eq!(ncclCommUserRank(*c, &mut me), 0);
+            assert_eq!(me, r as c_int);
+            assert_eq!(ncclCommDestroy(*c), 0);
+        }
+    }
+    assert!(ys.iter().all(|y| y == &vec![6f32; 16]));
+}
+
 /// Bad calls: each a code and a text that names what was wrong; nothing
 /// is sent, so the communicator stays usable.
 fn errors() {
@@ -372,5 +442,6 @@ fn the_c_api_from_threads_as_ranks() {
     std::env::set_var("OXCCL_TIMEOUT", "30");
     collectives();
     groups();
+    split_and_init_all();
     errors();
 }
