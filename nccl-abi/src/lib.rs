@@ -9,6 +9,7 @@
 //! - [`id`]: `ncclUniqueId` (128 bytes) and oxccl's unique id;
 //! - [`comm`]: communicators — create, query, finalize, destroy, abort;
 //! - [`coll`]: the collectives;
+//! - [`mem`]: `ncclMemAlloc`/`ncclMemFree` (host memory here);
 //! - [`group`]: `ncclGroupStart`/`End` (any mix of calls, on any
 //!   communicators) and `ncclSend`/`ncclRecv`.
 //!
@@ -34,6 +35,7 @@ pub mod coll;
 pub mod comm;
 pub mod group;
 pub mod id;
+pub mod mem;
 pub mod result;
 pub mod types;
 

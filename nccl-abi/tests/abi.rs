@@ -10,6 +10,7 @@ use oxccl_nccl::coll::*;
 use oxccl_nccl::comm::*;
 use oxccl_nccl::group::*;
 use oxccl_nccl::id::*;
+use oxccl_nccl::mem::*;
 use oxccl_nccl::result::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
@@ -427,6 +428,13 @@ fn errors() {
         assert_eq!(ncclCommDestroy(null_mut()), ncclInvalidArgument);
         let s = CStr::from_ptr(ncclGetErrorString(ncclRemoteError)).to_string_lossy();
         assert!(s.contains("remote"), "{s}");
+        // ncclMemAlloc: page-aligned host memory, usable, freed.
+        let mut m: *mut c_void = null_mut();
+        assert_eq!(ncclMemAlloc(&mut m, 1 << 20), ncclSuccess);
+        assert!(!m.is_null() && (m as usize).is_multiple_of(4096));
+        std::ptr::write_bytes(m as *mut u8, 7, 1 << 20);
+        assert_eq!(ncclMemFree(m), ncclSuccess);
+        assert_eq!(ncclMemAlloc(null_mut(), 8), ncclInvalidArgument);
         let mut v = 0;
         assert_eq!(ncclGetVersion(&mut v), ncclSuccess);
         assert_eq!(v, 23206);

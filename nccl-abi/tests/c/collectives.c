@@ -158,6 +158,19 @@ int main(int argc, char **argv) {
     EXPECT(ncclGroupEnd() == ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   }
 
+  /* buffers from ncclMemAlloc */
+  {
+    float *a = NULL, *b = NULL;
+    CHECK(ncclMemAlloc((void **)&a, c * sizeof(float)));
+    CHECK(ncclMemAlloc((void **)&b, c * sizeof(float)));
+    for (size_t i = 0; i < c; i++) a[i] = (float)(rank + 1);
+    CHECK(ncclAllReduce(a, b, c, ncclFloat32, ncclSum, comm, NULL));
+    for (size_t i = 0; i < c; i++)
+      EXPECT(b[i] == (float)(nranks * (nranks + 1) / 2), "ncclMemAlloc'd all_reduce[%zu] = %g", i, b[i]);
+    CHECK(ncclMemFree(a));
+    CHECK(ncclMemFree(b));
+  }
+
   /* bad calls: codes and texts, and the communicator still works */
   EXPECT(ncclAllReduce(in, out, c, ncclFloat8e4m3, ncclSum, comm, NULL) == ncclInvalidArgument, "float8");
   EXPECT(strstr(ncclGetLastError(comm), "float8") != NULL, "last error: %s", ncclGetLastError(comm));
