@@ -569,6 +569,15 @@ impl Communicator {
                     colls,
                 }
                 .run_colls(inner, st);
+                // The communicator is failed before the caller hears of it
+                // (as a plain call's is), so whoever polls `async_error`
+                // once `wait` returned sees the failure too.
+                // (Its links are closed when this closure returns.)
+                if let Err(e) = &r {
+                    if !e.is_local() {
+                        inner.fail(e.clone().in_world(&inner.world, &inner.peers));
+                    }
+                }
                 part.done(r.clone());
                 r
             }));

@@ -1,6 +1,7 @@
 //! Programs written against NCCL, run on this library: the C test suite
 //! (`tests/c/collectives.c`) compiled against NVIDIA's own `nccl.h` and
-//! linked with `-lnccl` resolving to ours, on 1–5 ranks; a Python `ctypes`
+//! linked with `-lnccl` resolving to ours, on 1–5 ranks, and its SIGKILL
+//! case (survivors get `ncclRemoteError` naming the dead rank); a Python `ctypes`
 //! program (`tests/python/allreduce.py`) on 3. Both started the way `oxrun`
 //! starts ranks (`oxccl::launch`).
 //!
@@ -77,14 +78,13 @@ fn headers() -> Option<(String, String)> {
     }
 }
 
-#[test]
-fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
+/// The C test suite compiled against NVIDIA's nccl.h and linked to ours
+/// (in `tmp`), or `None` (skipped) without the headers.
+fn compile_c(tmp: &Path, lib: &Path) -> Option<PathBuf> {
     let Some((nccl_inc, cuda_inc)) = headers() else {
         eprintln!("skipped: NVIDIA's nccl.h not found (see the module documentation)");
-        return;
+        return None;
     };
-    let tmp = scratch("c");
-    let lib = link_dir(&tmp);
     let exe = tmp.join("collectives");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/collectives.c");
     let out = Command::new("cc")
@@ -102,12 +102,68 @@ fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
         "cc: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    Some(exe)
+}
+
+#[test]
+fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
+    let tmp = scratch("c");
+    let lib = link_dir(&tmp);
+    let Some(exe) = compile_c(&tmp, &lib) else {
+        return;
+    };
     for n in 1..=5 {
         let rc = launch(n, exe.to_str().unwrap(), &[], &lib, &tmp);
         assert_eq!(
             rc, 0,
             "the C test suite failed on {n} ranks (its output is above)"
         );
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The last of 3 ranks SIGKILLs itself after one all_reduce: each survivor
+/// gets `ncclRemoteError` from its next call and from
+/// `ncclCommGetAsyncError`, with the dead rank named in `ncclGetLastError`.
+/// (Started directly, not by the launcher, which would stop the survivors
+/// as soon as one rank died.)
+#[test]
+fn after_a_peer_is_sigkilled_survivors_get_ncclremoteerror_naming_it() {
+    let tmp = scratch("die");
+    let lib = link_dir(&tmp);
+    let Some(exe) = compile_c(&tmp, &lib) else {
+        return;
+    };
+    let n = 3;
+    let id_file = tmp.join("id");
+    let kids: Vec<_> = (0..n)
+        .map(|r| {
+            Command::new(&exe)
+                .arg(&id_file)
+                .arg("die")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", n.to_string())
+                .env("LD_LIBRARY_PATH", &lib)
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "30")
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, k) in kids.into_iter().enumerate() {
+        let out = k.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if r == n - 1 {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(out.status.signal(), Some(9), "rank {r}: {stdout}");
+        } else {
+            assert!(out.status.success(), "survivor {r}: {stdout}");
+            assert!(
+                stdout.contains("call 6 async 6 named 1"),
+                "survivor {r}: {stdout}"
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }

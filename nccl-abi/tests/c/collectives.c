@@ -4,8 +4,13 @@
  * calls and their codes. Rank and size come from the launcher (RANK,
  * WORLD_SIZE); rank 0 makes the unique id and hands it to the others
  * through the file argv[1] (where an MPI program would broadcast it).
- * Exit status 0 when everything held. */
+ * Exit status 0 when everything held.
+ *
+ * With argv[2] = "die": after one all_reduce the last rank SIGKILLs itself;
+ * every other rank must see ncclRemoteError from its next calls and from
+ * ncclCommGetAsyncError, with the dead rank named in ncclGetLastError. */
 #include <nccl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +73,24 @@ int main(int argc, char **argv) {
   share_id(argv[1], &id);
   ncclComm_t comm;
   CHECK(ncclCommInitRank(&comm, nranks, id, rank));
+  if (argc > 2 && strcmp(argv[2], "die") == 0) {
+    int32_t x = 1, y = 0;
+    CHECK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL));
+    if (rank == nranks - 1) raise(SIGKILL);
+    ncclResult_t r = ncclSuccess;
+    for (int i = 0; i < 1000000 && r == ncclSuccess; i++)
+      r = ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL);
+    const char *why = ncclGetLastError(comm);
+    char dead[32];
+    snprintf(dead, sizeof dead, "rank %d", nranks - 1);
+    int named = strstr(why, dead) != NULL;
+    ncclResult_t async = ncclSuccess;
+    CHECK(ncclCommGetAsyncError(comm, &async));
+    printf("SURVIVOR %d call %d async %d named %d: %s\n", rank, r, async, named, why);
+    CHECK(ncclCommAbort(comm));
+    return r == ncclRemoteError && async == ncclRemoteError && named ? 0 : 1;
+  }
+
   int n = -1, me = -1;
   CHECK(ncclCommCount(comm, &n));
   CHECK(ncclCommUserRank(comm, &me));
