@@ -276,32 +276,21 @@ impl<'a> Group<'a> {
         Ok(())
     }
 
-    /// Send `region` (`dtype` elements) to `peer`: the untyped form for
-    /// bindings (the C ABI).
+    /// Send `region` (`dtype` elements) to `peer` (`send`), or receive
+    /// into it from `peer`: the untyped form for bindings (the C ABI).
     ///
     /// # Safety
-    /// `region` must hold whole, aligned `dtype` elements and stay valid,
-    /// unwritten by anything else, until the group has completed.
-    pub unsafe fn send_region(
+    /// `region` must hold whole, aligned `dtype` elements and stay valid
+    /// until the group has completed; nothing else may write it meanwhile
+    /// (nor read it, for a receive).
+    pub unsafe fn p2p_region(
         &mut self,
+        send: bool,
         region: Region,
         dtype: DataType,
         peer: usize,
     ) -> Result<()> {
-        self.p2p(true, region, peer, dtype)
-    }
-    /// Receive into `region` from `peer` (untyped, see [`Group::send_region`]).
-    ///
-    /// # Safety
-    /// As [`Group::send_region`]; nothing else may read or write `region`
-    /// until the group has completed.
-    pub unsafe fn recv_region(
-        &mut self,
-        region: Region,
-        dtype: DataType,
-        peer: usize,
-    ) -> Result<()> {
-        self.p2p(false, region, peer, dtype)
+        self.p2p(send, region, peer, dtype)
     }
     /// Collective `kind` on regions in the group (untyped; conventions of
     /// [`Communicator::collective_regions`]).

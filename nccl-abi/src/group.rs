@@ -62,8 +62,27 @@ pub(crate) unsafe fn submit(comm: ncclComm_t, op: Op) -> Result<(), Failure> {
     if kept {
         return Ok(());
     }
-    // SAFETY: the caller's contract.
-    unsafe { run_group(&[(comm, op)]) }
+    match op {
+        // A collective alone is a plain call (no group to set up).
+        Op::Coll {
+            kind,
+            send,
+            recv,
+            dtype,
+            op,
+            root,
+        } => {
+            // SAFETY: the caller's contract.
+            let c = unsafe { get(comm) }?;
+            // SAFETY: the caller's contract (the call completes before it
+            // returns).
+            unsafe { c.collective_regions(kind, send, recv, dtype, op, root) }?;
+            Ok(())
+        }
+        // A send or receive alone is a group of one.
+        // SAFETY: the caller's contract.
+        Op::P2p { .. } => unsafe { run_group(&[(comm, op)]) },
+    }
 }
 
 /// Run `calls` (each on its communicator) as one group per communicator,
@@ -94,17 +113,11 @@ unsafe fn run_group(calls: &[(ncclComm_t, Op)]) -> Result<(), Failure> {
                 unsafe {
                     match op {
                         Op::P2p {
-                            send: true,
+                            send,
                             region,
                             dtype,
                             peer,
-                        } => g.send_region(region, dtype, peer),
-                        Op::P2p {
-                            send: false,
-                            region,
-                            dtype,
-                            peer,
-                        } => g.recv_region(region, dtype, peer),
+                        } => g.p2p_region(send, region, dtype, peer),
                         Op::Coll {
                             kind,
                             send,

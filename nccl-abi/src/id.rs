@@ -3,9 +3,9 @@
 //! (`oxccl1:<secret>@<root address>`), NUL-terminated.
 //!
 //! `ncclGetUniqueId` starts the rendezvous root in the calling process, as
-//! NCCL's does; the ids this process made are remembered, so the rank that
-//! made one joins with the root it hosts (its failures are then relayed to
-//! the others rather than lost with it).
+//! NCCL's does; the ids this process made are kept until a rank of this
+//! process joins with one, so that rank joins with the root it hosts (its
+//! failures are then relayed to the others rather than lost with it).
 
 use crate::export;
 use crate::result::{run, Failure};
@@ -48,8 +48,13 @@ pub fn decode(bytes: &ncclUniqueId) -> Result<UniqueId, Failure> {
     let text = std::str::from_utf8(&bytes.internal[..end])
         .map_err(|_| Failure::invalid("unique id: not from ncclGetUniqueId"))?;
     let id: UniqueId = text.parse()?;
-    let made = MADE.lock().unwrap_or_else(|p| p.into_inner());
-    Ok(made.iter().find(|m| **m == id).cloned().unwrap_or(id))
+    // The first rank of this process to join takes the hosted id (the
+    // list does not grow with every id made).
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(match made.iter().position(|m| *m == id) {
+        Some(i) => made.swap_remove(i),
+        None => id,
+    })
 }
 
 export! {

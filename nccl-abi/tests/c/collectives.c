@@ -7,7 +7,7 @@
  * Exit status 0 when everything held.
  *
  * With argv[2] = "die": after one all_reduce the last rank SIGKILLs itself;
- * every other rank must see ncclRemoteError from its next calls and from
+ * every other rank must see ncclRemoteError from its next (grouped) calls and from
  * ncclCommGetAsyncError, with the dead rank named in ncclGetLastError. */
 #include <nccl.h>
 #include <signal.h>
@@ -78,8 +78,13 @@ int main(int argc, char **argv) {
     CHECK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL));
     if (rank == nranks - 1) raise(SIGKILL);
     ncclResult_t r = ncclSuccess;
-    for (int i = 0; i < 1000000 && r == ncclSuccess; i++)
-      r = ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL);
+    /* In a group: its failure must reach ncclCommGetAsyncError by the time
+     * ncclGroupEnd returns, as a plain call's does. */
+    for (int i = 0; i < 1000000 && r == ncclSuccess; i++) {
+      CHECK(ncclGroupStart());
+      CHECK(ncclAllReduce(&x, &y, 1, ncclInt32, ncclSum, comm, NULL));
+      r = ncclGroupEnd();
+    }
     const char *why = ncclGetLastError(comm);
     char dead[32];
     snprintf(dead, sizeof dead, "rank %d", nranks - 1);
