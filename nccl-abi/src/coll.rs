@@ -1,13 +1,15 @@
 //! The collectives, on host memory with a null stream (complete when they
-//! return). NCCL's in-place conventions: `sendbuff == recvbuff`, and for
+//! return), and their `nccl*Config` forms. NCCL's in-place conventions: `sendbuff == recvbuff`, and for
 //! all_gather `sendbuff == recvbuff + rank * sendcount` elements, for
 //! reduce_scatter `recvbuff == sendbuff + rank * recvcount`.
 
 use crate::comm::{count, get, ncclComm_t};
 use crate::export;
 use crate::group::{submit, Op};
+use crate::redop::resolve;
 use crate::result::{run, Failure};
-use crate::types::{data_type, ncclDataType_t, ncclRedOp_t, red_op};
+use crate::types::{data_type, ncclDataType_t, ncclRedOp_t};
+use crate::config::{check_coll_config, ncclCollConfig_t};
 use oxccl::{DataType, Kind, MemorySpace, ReduceOp, Region};
 use std::ffi::{c_int, c_void};
 
@@ -68,7 +70,11 @@ unsafe fn collective(
         unsafe { get(comm) }?;
         host_stream(stream)?;
         let dtype = data_type(datatype)?;
-        let op = op.map(red_op).transpose()?.unwrap_or(ReduceOp::Sum);
+        let (op, premul) = match op {
+            // SAFETY: the caller's contract.
+            Some(op) => unsafe { resolve(comm, op, dtype) }?,
+            None => (ReduceOp::Sum, None),
+        };
         let root = count("root", root)?;
         let send = send
             .map(|(p, n)| region("sendbuff", p, n, dtype))
@@ -81,12 +87,24 @@ unsafe fn collective(
             dtype,
             op,
             root,
+            premul,
         };
         // SAFETY: the caller's contract: the buffers hold the elements
         // nccl.h says, stay valid until the call (or its group) completes
         // and nothing else writes them meanwhile.
-        unsafe { submit(comm, op) }
+        unsafe { submit(comm, &[op]) }
     })
+}
+
+/// The size of `comm` and this rank in it; `None` when it cannot take
+/// calls (the call then reports why).
+///
+/// # Safety
+/// `comm` is NULL or from this library, not destroyed.
+unsafe fn shape(comm: ncclComm_t) -> Option<(usize, usize)> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { get(comm) }.ok()?;
+    Some((c.nranks(), c.rank()))
 }
 
 /// `send` unless it is the same memory as `recv` (in place).
@@ -185,12 +203,11 @@ export! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) {
-        // SAFETY: the caller's contract (null is refused inside).
-        let Some(c) = (unsafe { comm.as_ref() }) else {
+        // SAFETY: the caller's contract.
+        let Some((n, me)) = (unsafe { shape(comm) }) else {
             return collective("ncclAllGather", Kind::AllGather, None, (recvbuff, 0), datatype,
                 None, 0, comm, stream);
         };
-        let (n, me) = (c.comm.nranks(), c.comm.rank());
         let mine = (recvbuff as usize).wrapping_add(bytes(me.wrapping_mul(sendcount), datatype));
         let send = (sendbuff as usize != mine).then_some((sendbuff, sendcount));
         collective("ncclAllGather", Kind::AllGather, send, (recvbuff, n.saturating_mul(sendcount)),
@@ -210,12 +227,11 @@ export! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) {
-        // SAFETY: the caller's contract (null is refused inside).
-        let Some(c) = (unsafe { comm.as_ref() }) else {
+        // SAFETY: the caller's contract.
+        let Some((n, me)) = (unsafe { shape(comm) }) else {
             return collective("ncclReduceScatter", Kind::ReduceScatter, None, (recvbuff, 0),
                 datatype, Some(op), 0, comm, stream);
         };
-        let (n, me) = (c.comm.nranks(), c.comm.rank());
         let total = n.saturating_mul(recvcount);
         let mine = (sendbuff as usize).wrapping_add(bytes(me.wrapping_mul(recvcount), datatype));
         if recvbuff as usize == mine {
@@ -238,10 +254,269 @@ export! {
         comm: ncclComm_t,
         stream: cudaStream_t,
     ) {
-        // SAFETY: the caller's contract (null is refused inside).
-        let n = unsafe { comm.as_ref() }.map_or(0, |c| c.comm.nranks());
+        // SAFETY: the caller's contract.
+        let n = unsafe { shape(comm) }.map_or(0, |(n, _)| n);
         let total = n.saturating_mul(count);
         collective("ncclAlltoAll", Kind::AllToAll, unless_same(sendbuff, recvbuff, total),
             (recvbuff, total), datatype, None, 0, comm, stream)
+    }
+}
+
+/// Gather (`to_root`) or scatter: the root's part is a copy, the others'
+/// are sends and receives between the root and each rank, one group.
+#[allow(clippy::too_many_arguments)]
+unsafe fn rooted(
+    name: &str,
+    to_root: bool,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count_: usize,
+    datatype: ncclDataType_t,
+    root: c_int,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+) -> crate::result::ncclResult_t {
+    run(name, || {
+        // SAFETY: the caller's contract.
+        let c = unsafe { get(comm) }?;
+        host_stream(stream)?;
+        let dtype = data_type(datatype)?;
+        let (n, me) = (c.nranks(), c.rank());
+        let root = count("root", root)?;
+        if root >= n {
+            return Err(Failure::invalid(format!("root {root} is not a rank of {n}")));
+        }
+        let part = |what: &str, base: *const c_void, r: usize| -> Result<Region, Failure> {
+            let at = (base as usize).wrapping_add(r.wrapping_mul(count_).wrapping_mul(dtype.size()));
+            region(what, if base.is_null() { base } else { at as *const c_void }, count_, dtype)
+        };
+        let mut ops = Vec::new();
+        if me == root {
+            // The root's whole buffer: recvbuff of a gather, sendbuff of a scatter.
+            let (whole, what) = match to_root {
+                true => (recvbuff as *const c_void, "recvbuff"),
+                false => (sendbuff, "sendbuff"),
+            };
+            region(what, whole, n.saturating_mul(count_), dtype)?;
+            for r in 0..n {
+                let piece = part(what, whole, r)?;
+                if r != me {
+                    ops.push(Op::P2p { send: !to_root, region: piece, dtype, peer: r });
+                    continue;
+                }
+                let (mine, own) = match to_root {
+                    true => (region("sendbuff", sendbuff, count_, dtype)?, piece),
+                    false => (piece, region("recvbuff", recvbuff, count_, dtype)?),
+                };
+                let (src, dst) = if to_root { (mine, own) } else { (own, mine) };
+                // In place when they are the same memory.
+                if src.addr != dst.addr {
+                    ops.push(Op::Copy { dst, src });
+                }
+            }
+        } else {
+            let (send, buf) = match to_root {
+                true => (true, region("sendbuff", sendbuff, count_, dtype)?),
+                false => (false, region("recvbuff", recvbuff, count_, dtype)?),
+            };
+            ops.push(Op::P2p { send, region: buf, dtype, peer: root });
+        }
+        // SAFETY: the caller's contract: the buffers hold the elements
+        // nccl.h says and stay valid until the call (or its group) ends.
+        unsafe { submit(comm, &ops) }
+    })
+}
+
+export! {
+    /// `ncclGather`: `count` elements from each rank to the root, rank
+    /// `i`'s at `recvbuff + i * count` (in place: `sendbuff ==
+    /// recvbuff + root * count`).
+    fn ncclGather / pncclGather(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) {
+        rooted("ncclGather", true, sendbuff, recvbuff, count, datatype, root, comm, stream)
+    }
+}
+
+export! {
+    /// `ncclScatter`: `count` elements from the root's `sendbuff + i *
+    /// count` to each rank `i` (in place: `recvbuff == sendbuff + root *
+    /// count`).
+    fn ncclScatter / pncclScatter(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+    ) {
+        rooted("ncclScatter", false, sendbuff, recvbuff, count, datatype, root, comm, stream)
+    }
+}
+
+/// A `nccl*Config` call: its configuration checked, then the plain call.
+///
+/// # Safety
+/// `config` is NULL or an `ncclCollConfig_t` of its size.
+unsafe fn configured(
+    name: &str,
+    config: *const ncclCollConfig_t,
+    call: impl FnOnce() -> crate::result::ncclResult_t,
+) -> crate::result::ncclResult_t {
+    // SAFETY: the caller's contract.
+    match run(name, || unsafe { check_coll_config(config) }) {
+        crate::result::ncclSuccess => call(),
+        failed => failed,
+    }
+}
+
+export! {
+    /// `ncclAllReduceConfig`: `ncclAllReduce` with a per-call
+    /// configuration ([`crate::config::check_coll_config`]).
+    fn ncclAllReduceConfig / pncclAllReduceConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclAllReduceConfig", config, || {
+            ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclBroadcastConfig`.
+    fn ncclBroadcastConfig / pncclBroadcastConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclBroadcastConfig", config, || {
+            ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclReduceConfig`.
+    fn ncclReduceConfig / pncclReduceConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclReduceConfig", config, || {
+            ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclAllGatherConfig`.
+    fn ncclAllGatherConfig / pncclAllGatherConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        sendcount: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclAllGatherConfig", config, || {
+            ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclReduceScatterConfig`.
+    fn ncclReduceScatterConfig / pncclReduceScatterConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        recvcount: usize,
+        datatype: ncclDataType_t,
+        op: ncclRedOp_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclReduceScatterConfig", config, || {
+            ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclAlltoAllConfig`.
+    fn ncclAlltoAllConfig / pncclAlltoAllConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclAlltoAllConfig", config, || {
+            ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclGatherConfig`.
+    fn ncclGatherConfig / pncclGatherConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclGatherConfig", config, || {
+            ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream)
+        })
+    }
+}
+
+export! {
+    /// `ncclScatterConfig`.
+    fn ncclScatterConfig / pncclScatterConfig(
+        sendbuff: *const c_void,
+        recvbuff: *mut c_void,
+        count: usize,
+        datatype: ncclDataType_t,
+        root: c_int,
+        comm: ncclComm_t,
+        stream: cudaStream_t,
+        config: *const ncclCollConfig_t,
+    ) {
+        configured("ncclScatterConfig", config, || {
+            ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream)
+        })
     }
 }

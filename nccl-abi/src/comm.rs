@@ -1,39 +1,176 @@
-//! Communicators: `ncclCommInitRank`, the queries, finalize, destroy and
-//! abort, `ncclCommGetAsyncError`, `ncclGetVersion`.
+//! Communicators: what an `ncclComm_t` is, how one is made (at once, in
+//! the background for a non-blocking configuration, or at `ncclGroupEnd`
+//! inside a group), the queries, finalize, destroy and abort,
+//! `ncclCommGetAsyncError`, `ncclGetVersion`. Creation from a unique id is
+//! in [`crate::init`], from another communicator in [`crate::resize`].
 //!
 //! An `ncclComm_t` is a pointer to an [`ncclComm`] this library allocated;
 //! `ncclCommDestroy` and `ncclCommAbort` free it.
 
+use crate::config::CommConfig;
 use crate::export;
-use crate::id::{decode, ncclUniqueId};
-use crate::result::{code_of, ncclSuccess, run, Failure};
+use crate::result::{code_of, ncclInProgress, ncclSuccess, run, Failure};
 use oxccl::{Communicator, Config};
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 /// The NCCL release whose API this is (`NCCL_VERSION_CODE` of 2.32.6).
 pub const NCCL_VERSION_CODE: c_int = 23206;
 
+/// A communicator being made, or made (or its failure): shared with the
+/// thread that makes it.
+#[derive(Default)]
+pub(crate) struct Slot {
+    made: OnceLock<Result<Communicator, Failure>>,
+    lock: Mutex<()>,
+    done: Condvar,
+}
+
+impl Slot {
+    /// The outcome, once there is one.
+    pub(crate) fn outcome(&self) -> Option<&Result<Communicator, Failure>> {
+        self.made.get()
+    }
+
+    fn set(&self, made: Result<Communicator, Failure>) {
+        let _ = self.made.set(made);
+        let _held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.done.notify_all();
+    }
+
+    /// Block until the communicator is made (or failed).
+    pub(crate) fn wait(&self) -> &Result<Communicator, Failure> {
+        let mut held = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(m) = self.made.get() {
+                return m;
+            }
+            held = self.done.wait(held).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
 /// What an `ncclComm_t` points to.
 pub struct ncclComm {
-    pub(crate) comm: Communicator,
+    pub(crate) slot: Arc<Slot>,
+    pub(crate) config: CommConfig,
+    /// `ncclCommSuspend` .. `ncclCommResume`: calls are refused.
+    pub(crate) suspended: AtomicBool,
+    /// `ncclCommRevoke`d: calls are refused, the state is quiescent.
+    pub(crate) revoked: AtomicBool,
+    /// The operators `ncclRedOpCreatePreMulSum` made on it.
+    pub(crate) ops: Mutex<crate::redop::Ops>,
+    /// The buffers `ncclCommRegister` registered on it.
+    pub(crate) registered: Mutex<crate::register::Registry>,
+    /// The id `ncclCommGetUniqueId` made for a grow, until it is used.
+    pub(crate) grow_id: Mutex<Option<oxccl::UniqueId>>,
 }
 
 pub type ncclComm_t = *mut ncclComm;
 
-/// The configuration from the environment.
+impl ncclComm {
+    /// A handle whose communicator `make` builds: here and now, or on a
+    /// thread of its own (a non-blocking configuration, or a group: the
+    /// caller must not wait for the other ranks). The second value says
+    /// whether it is still being made.
+    pub(crate) fn create(
+        config: CommConfig,
+        background: bool,
+        make: impl FnOnce() -> Result<Communicator, Failure> + Send + 'static,
+    ) -> Result<(ncclComm_t, Arc<Slot>), Failure> {
+        let slot = Arc::new(Slot::default());
+        if background {
+            let s = slot.clone();
+            std::thread::Builder::new()
+                .name("oxccl-nccl-init".into())
+                .spawn(move || {
+                    let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
+                        .unwrap_or_else(|_| {
+                            Err(Failure::new(
+                                crate::result::ncclInternalError,
+                                "creating the communicator panicked",
+                            ))
+                        });
+                    s.set(made);
+                })
+                .map_err(|e| {
+                    Failure::new(
+                        crate::result::ncclSystemError,
+                        format!("cannot start a thread to create the communicator: {e}"),
+                    )
+                })?;
+        } else {
+            slot.set(Ok(make()?));
+        }
+        crate::debug::info(&format!(
+            "communicator {} {}",
+            config.name.as_deref().unwrap_or("(unnamed)"),
+            if background { "being created" } else { "created" }
+        ));
+        let handle = Box::into_raw(Box::new(ncclComm {
+            slot: slot.clone(),
+            config,
+            suspended: AtomicBool::new(false),
+            revoked: AtomicBool::new(false),
+            ops: Mutex::default(),
+            registered: Mutex::default(),
+            grow_id: Mutex::new(None),
+        }));
+        Ok((handle, slot))
+    }
+}
+
+/// The configuration from the environment (`OXCCL_*`, else NCCL's names
+/// for the same settings).
 pub(crate) fn config() -> Result<Config, Failure> {
+    oxccl::nccl_env::honour_nccl_names();
     Ok(Config::from_env()?)
 }
 
-/// The communicator behind `comm`.
+/// The handle behind `comm`.
 ///
 /// # Safety
-/// `comm` is null or from `ncclCommInitRank`, not destroyed.
+/// `comm` is null or from this library, not destroyed.
+pub(crate) unsafe fn handle<'a>(comm: ncclComm_t) -> Result<&'a ncclComm, Failure> {
+    // SAFETY: the caller's contract.
+    unsafe { comm.as_ref() }.ok_or_else(|| Failure::invalid("comm is NULL"))
+}
+
+/// The communicator behind `comm`, ready for calls: made, not suspended,
+/// not revoked.
+///
+/// # Safety
+/// `comm` is null or from this library, not destroyed.
 pub(crate) unsafe fn get<'a>(comm: ncclComm_t) -> Result<&'a Communicator, Failure> {
     // SAFETY: the caller's contract.
-    unsafe { comm.as_ref() }
-        .map(|c| &c.comm)
-        .ok_or_else(|| Failure::invalid("comm is NULL"))
+    let h = unsafe { handle(comm) }?;
+    if h.suspended.load(Ordering::Acquire) {
+        return Err(Failure::usage(
+            "the communicator is suspended (ncclCommSuspend): ncclCommResume it first",
+        ));
+    }
+    if h.revoked.load(Ordering::Acquire) {
+        return Err(Failure::usage(
+            "the communicator was revoked (ncclCommRevoke): shrink, split or destroy it",
+        ));
+    }
+    made(h)
+}
+
+/// The communicator of `h` if it is made, whatever its state.
+pub(crate) fn made(h: &ncclComm) -> Result<&Communicator, Failure> {
+    match h.slot.outcome() {
+        None => Err(Failure::invalid(
+            "the communicator is still being created (non-blocking): call \
+             ncclCommGetAsyncError until it says ncclSuccess before using it",
+        )),
+        Some(Err(f)) => Err(Failure::new(
+            f.code,
+            format!("creating this communicator failed: {}", f.message),
+        )),
+        Some(Ok(c)) => Ok(c),
+    }
 }
 
 /// A non-negative `int` argument as a count.
@@ -41,58 +178,39 @@ pub(crate) fn count(name: &str, v: c_int) -> Result<usize, Failure> {
     usize::try_from(v).map_err(|_| Failure::invalid(format!("{name} = {v} is negative")))
 }
 
-export! {
-    /// `ncclGetVersion`: `NCCL_VERSION_CODE` of the API this implements.
-    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
-        run("ncclGetVersion", || {
-            if version.is_null() {
-                return Err(Failure::invalid("version is NULL"));
-            }
-            // SAFETY: non-null; the caller gives room for an int.
-            unsafe { version.write(NCCL_VERSION_CODE) };
-            Ok(())
-        })
+/// Write `value` to an out-parameter `p` named `name`.
+///
+/// # Safety
+/// `p` is NULL or valid for a write of a `T`.
+pub(crate) unsafe fn put<T>(name: &str, p: *mut T, value: T) -> Result<(), Failure> {
+    if p.is_null() {
+        return Err(Failure::invalid(format!("{name} is NULL")));
     }
+    // SAFETY: non-null; the caller's contract.
+    unsafe { p.write(value) };
+    Ok(())
 }
 
 export! {
-    /// `ncclCommInitRank`: join the communicator `commId` describes as
-    /// `rank` of `nranks`; blocks until every rank has joined.
-    fn ncclCommInitRank / pncclCommInitRank(
-        comm: *mut ncclComm_t,
-        nranks: c_int,
-        commId: ncclUniqueId,
-        rank: c_int,
-    ) {
-        run("ncclCommInitRank", || {
-            if comm.is_null() {
-                return Err(Failure::invalid("comm is NULL"));
-            }
-            let n = count("nranks", nranks)?;
-            let r = count("rank", rank)?;
-            if n == 0 || r >= n {
-                return Err(Failure::invalid(format!(
-                    "rank {rank} is not a rank of {nranks}"
-                )));
-            }
-            let id = decode(&commId)?;
-            let c = Communicator::init_with_config(&id, r, n, config()?)?;
-            let handle = Box::into_raw(Box::new(ncclComm { comm: c }));
-            // SAFETY: non-null; the caller gives room for a handle.
-            unsafe { comm.write(handle) };
-            Ok(())
-        })
+    /// `ncclGetVersion`: `NCCL_VERSION_CODE` of the API this implements.
+    fn ncclGetVersion / pncclGetVersion(version: *mut c_int) {
+        // SAFETY: the caller gives room for an int.
+        run("ncclGetVersion", || unsafe { put("version", version, NCCL_VERSION_CODE) })
     }
 }
 
 export! {
     /// `ncclCommFinalize`: every call issued has completed when it returns
     /// (calls here complete before they return, so there is nothing left
-    /// to flush); the communicator stays valid until destroyed.
+    /// to flush, blocking or not); the communicator stays valid until
+    /// destroyed.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
         run("ncclCommFinalize", || {
             // SAFETY: the caller's contract.
-            unsafe { get(comm) }?;
+            let h = unsafe { handle(comm) }?;
+            if h.revoked.load(Ordering::Acquire) {
+                return Err(Failure::usage("ncclCommFinalize after ncclCommRevoke"));
+            }
             Ok(())
         })
     }
@@ -100,14 +218,16 @@ export! {
 
 export! {
     /// `ncclCommDestroy`: free the communicator (peers see a clean
-    /// departure, not a crash).
+    /// departure, not a crash). One still being created is waited for.
     fn ncclCommDestroy / pncclCommDestroy(comm: ncclComm_t) {
         run("ncclCommDestroy", || {
             if comm.is_null() {
                 return Err(Failure::invalid("comm is NULL"));
             }
-            // SAFETY: from ncclCommInitRank (Box::into_raw), not destroyed.
-            drop(unsafe { Box::from_raw(comm) });
+            // SAFETY: from this library (Box::into_raw), not destroyed.
+            let h = unsafe { Box::from_raw(comm) };
+            h.slot.wait();
+            drop(h);
             Ok(())
         })
     }
@@ -115,15 +235,18 @@ export! {
 
 export! {
     /// `ncclCommAbort`: stop every call in flight on every rank (they
-    /// return an error naming this abort) and free the communicator.
+    /// return an error naming this abort) and free the communicator. One
+    /// still being created is let go: its thread drops it when done.
     fn ncclCommAbort / pncclCommAbort(comm: ncclComm_t) {
         run("ncclCommAbort", || {
             if comm.is_null() {
                 return Err(Failure::invalid("comm is NULL"));
             }
-            // SAFETY: from ncclCommInitRank (Box::into_raw), not destroyed.
-            let c = unsafe { Box::from_raw(comm) };
-            c.comm.abort();
+            // SAFETY: from this library (Box::into_raw), not destroyed.
+            let h = unsafe { Box::from_raw(comm) };
+            if let Some(Ok(c)) = h.slot.outcome() {
+                c.abort();
+            }
             Ok(())
         })
     }
@@ -134,13 +257,9 @@ export! {
     fn ncclCommCount / pncclCommCount(comm: ncclComm_t, count: *mut c_int) {
         run("ncclCommCount", || {
             // SAFETY: the caller's contract.
-            let c = unsafe { get(comm) }?;
-            if count.is_null() {
-                return Err(Failure::invalid("count is NULL"));
-            }
-            // SAFETY: non-null; the caller gives room for an int.
-            unsafe { count.write(c.nranks() as c_int) };
-            Ok(())
+            let c = made(unsafe { handle(comm) }?)?;
+            // SAFETY: the caller gives room for an int.
+            unsafe { put("count", count, c.nranks() as c_int) }
         })
     }
 }
@@ -150,120 +269,53 @@ export! {
     fn ncclCommUserRank / pncclCommUserRank(comm: ncclComm_t, rank: *mut c_int) {
         run("ncclCommUserRank", || {
             // SAFETY: the caller's contract.
-            let c = unsafe { get(comm) }?;
-            if rank.is_null() {
-                return Err(Failure::invalid("rank is NULL"));
-            }
-            // SAFETY: non-null; the caller gives room for an int.
-            unsafe { rank.write(c.rank() as c_int) };
-            Ok(())
+            let c = made(unsafe { handle(comm) }?)?;
+            // SAFETY: the caller gives room for an int.
+            unsafe { put("rank", rank, c.rank() as c_int) }
+        })
+    }
+}
+
+/// `cudaCpuDeviceId`: CUDA's number for "the host".
+pub const CUDA_CPU_DEVICE_ID: c_int = -1;
+
+export! {
+    /// `ncclCommCuDevice`: the CUDA device of the communicator's memory:
+    /// `cudaCpuDeviceId` (-1), the host, for calls on host memory.
+    fn ncclCommCuDevice / pncclCommCuDevice(comm: ncclComm_t, device: *mut c_int) {
+        run("ncclCommCuDevice", || {
+            // SAFETY: the caller's contract.
+            made(unsafe { handle(comm) }?)?;
+            // SAFETY: the caller gives room for an int.
+            unsafe { put("device", device, CUDA_CPU_DEVICE_ID) }
         })
     }
 }
 
 export! {
-    /// `ncclCommGetAsyncError`: `ncclSuccess` while the communicator is
-    /// sound, else the code of the failure that broke it (a peer lost, an
-    /// abort, a timeout), found without a call in flight.
+    /// `ncclCommGetAsyncError`: `ncclInProgress` while the communicator is
+    /// being created, then `ncclSuccess` while it is sound, else the code
+    /// of the failure that broke it (its creation, a peer lost, an abort, a
+    /// timeout), found without a call in flight; `ncclCommGetLastError`
+    /// has the text.
     fn ncclCommGetAsyncError / pncclCommGetAsyncError(comm: ncclComm_t, asyncError: *mut crate::result::ncclResult_t) {
         run("ncclCommGetAsyncError", || {
             // SAFETY: the caller's contract.
-            let c = unsafe { get(comm) }?;
-            if asyncError.is_null() {
-                return Err(Failure::invalid("asyncError is NULL"));
-            }
-            let code = c.async_error().map_or(ncclSuccess, |e| code_of(&e));
-            // SAFETY: non-null; the caller gives room for a result.
-            unsafe { asyncError.write(code) };
-            Ok(())
-        })
-    }
-}
-
-/// `NCCL_SPLIT_NOCOLOR`: the rank joins no new communicator.
-pub const NCCL_SPLIT_NOCOLOR: c_int = -1;
-
-export! {
-    /// `ncclCommSplit`: every rank of `comm` calls it; ranks of equal
-    /// `color` form a new communicator, ordered by `key` (then by their
-    /// rank here); `NCCL_SPLIT_NOCOLOR` joins none (`*newcomm` = NULL).
-    /// `config` must be NULL (configurations are not taken yet).
-    fn ncclCommSplit / pncclCommSplit(
-        comm: ncclComm_t,
-        color: c_int,
-        key: c_int,
-        newcomm: *mut ncclComm_t,
-        config: *mut std::ffi::c_void,
-    ) {
-        run("ncclCommSplit", || {
-            // SAFETY: the caller's contract.
-            let c = unsafe { get(comm) }?;
-            if newcomm.is_null() {
-                return Err(Failure::invalid("newcomm is NULL"));
-            }
-            if !config.is_null() {
-                return Err(Failure::usage(
-                    "a config was given: ncclConfig_t is not taken yet (pass NULL)",
-                ));
-            }
-            let color = match color {
-                NCCL_SPLIT_NOCOLOR => None,
-                c if c >= 0 => Some(c as u32),
-                c => {
-                    return Err(Failure::invalid(format!(
-                        "color {c} is negative (and not NCCL_SPLIT_NOCOLOR)"
-                    )))
+            let h = unsafe { handle(comm) }?;
+            let code = match h.slot.outcome() {
+                None => ncclInProgress,
+                Some(Err(f)) => {
+                    crate::result::remember(&format!("creating the communicator failed: {}", f.message));
+                    f.code
                 }
+                Some(Ok(_)) if h.revoked.load(Ordering::Acquire) => ncclSuccess,
+                Some(Ok(c)) => c.async_error().map_or(ncclSuccess, |e| {
+                    crate::result::remember(&e.to_string());
+                    code_of(&e)
+                }),
             };
-            let made = c.split_maybe(color, i64::from(key))?;
-            let handle = made.map_or(std::ptr::null_mut(), |m| {
-                Box::into_raw(Box::new(ncclComm { comm: m }))
-            });
-            // SAFETY: non-null; the caller gives room for a handle.
-            unsafe { newcomm.write(handle) };
-            Ok(())
-        })
-    }
-}
-
-export! {
-    /// `ncclCommInitAll`: `ndev` ranks of one new communicator, all in this
-    /// process (NCCL's one process, many devices), in `comm[0..ndev]`.
-    /// Host memory: `devlist` is not used (NULL or not).
-    fn ncclCommInitAll / pncclCommInitAll(comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int) {
-        let _ = devlist;
-        run("ncclCommInitAll", || {
-            if comm.is_null() {
-                return Err(Failure::invalid("comm is NULL"));
-            }
-            let n = count("ndev", ndev)?;
-            if n == 0 {
-                return Err(Failure::invalid("ndev is 0"));
-            }
-            let config = config()?;
-            let id = oxccl::UniqueId::with_config(&config)?;
-            // Every rank joins at once (each waits for the others).
-            let made: Vec<Result<Communicator, oxccl::Error>> = std::thread::scope(|s| {
-                let joins: Vec<_> = (0..n)
-                    .map(|r| {
-                        let (id, config) = (&id, config.clone());
-                        s.spawn(move || Communicator::init_with_config(id, r, n, config))
-                    })
-                    .collect();
-                joins
-                    .into_iter()
-                    .map(|j| j.join().unwrap_or_else(|_| Err(oxccl::Error::System("a rank's thread panicked".into()))))
-                    .collect()
-            });
-            let mut comms = Vec::with_capacity(n);
-            for m in made {
-                comms.push(m?);
-            }
-            for (r, c) in comms.into_iter().enumerate() {
-                // SAFETY: the caller gives room for ndev handles.
-                unsafe { comm.add(r).write(Box::into_raw(Box::new(ncclComm { comm: c }))) };
-            }
-            Ok(())
+            // SAFETY: the caller gives room for a result.
+            unsafe { put("asyncError", asyncError, code) }
         })
     }
 }

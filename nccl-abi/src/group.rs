@@ -1,20 +1,27 @@
-//! `ncclGroupStart` / `ncclGroupEnd`, `ncclSend` / `ncclRecv`.
+//! `ncclGroupStart` / `ncclGroupEnd` / `ncclGroupSimulateEnd`,
+//! `ncclSend` / `ncclRecv`, and how every call runs.
 //!
 //! Between `ncclGroupStart` and `ncclGroupEnd` (nested: the outermost pair
 //! counts) this thread's calls are checked and kept, not run. At the end
 //! each communicator's calls run as one oxccl group — its sends and
 //! receives posted at once, its collectives in the order given — and the
 //! communicators' groups run at the same time, so one thread may drive
-//! several ranks (NCCL's one-process, many-devices pattern). A send or
-//! receive outside a group is a group of one.
+//! several ranks (NCCL's one-process, many-devices pattern). Communicators
+//! created inside the group are made meanwhile, and the end waits for
+//! them (not for those of a non-blocking configuration: it returns
+//! `ncclInProgress` while one is still being made). A send or receive
+//! outside a group is a group of one; a collective outside a group is a
+//! plain call.
 
-use crate::comm::{get, ncclComm, ncclComm_t};
+use crate::comm::{get, ncclComm, ncclComm_t, Slot};
 use crate::export;
-use crate::result::{run, Failure};
-use oxccl::{DataType, Kind, ReduceOp, Region};
+use crate::redop::{scale, Scalar};
+use crate::result::{ncclInProgress, run, Failure};
+use oxccl::{DataType, Kind, MemorySpace, ReduceOp, Region};
 use std::cell::RefCell;
+use std::sync::Arc;
 
-/// One call, decoded and checked.
+/// One piece of a call, decoded and checked.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Op {
     P2p {
@@ -30,30 +37,78 @@ pub(crate) enum Op {
         dtype: DataType,
         op: ReduceOp,
         root: usize,
+        /// A made operator's scalar: the input is multiplied by it first.
+        premul: Option<Scalar>,
     },
+    /// `dst = src`, this rank's own part of a gather or scatter.
+    Copy { dst: Region, src: Region },
 }
 
-/// This thread's open group: its depth and the calls kept so far.
+/// What `ncclGroupEnd` waits for besides the calls: communicators being
+/// made, a split this rank opts out of.
+type Task = Box<dyn FnOnce() -> Result<(), Failure>>;
+
+/// This thread's open group: its depth, the calls kept so far, the tasks.
 #[derive(Default)]
 struct Open {
     depth: usize,
     calls: Vec<(*mut ncclComm, Op)>,
+    tasks: Vec<Task>,
+    /// Non-blocking communicators being made (not waited for).
+    pending: Vec<Arc<Slot>>,
 }
 
 thread_local! {
     static GROUP: RefCell<Open> = RefCell::new(Open::default());
 }
 
-/// Run `op` on `comm` now, or keep it for `ncclGroupEnd` inside a group.
+/// Whether this thread is inside `ncclGroupStart` .. `ncclGroupEnd`.
+pub(crate) fn in_group() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
+/// A communicator being made inside the group: `ncclGroupEnd` waits for
+/// it, unless it is non-blocking.
+pub(crate) fn defer_creation(slot: Arc<Slot>, nonblocking: bool) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if nonblocking {
+            g.pending.push(slot);
+        } else {
+            g.tasks.push(Box::new(move || {
+                slot.wait().as_ref().map(|_| ()).map_err(Clone::clone)
+            }));
+        }
+    });
+}
+
+/// Run `task` on a thread of its own; `ncclGroupEnd` waits for it.
+pub(crate) fn defer_task(task: impl FnOnce() -> Result<(), Failure> + Send + 'static) -> Result<(), Failure> {
+    let t = std::thread::Builder::new()
+        .name("oxccl-nccl-task".into())
+        .spawn(task)
+        .map_err(|e| Failure::new(crate::result::ncclSystemError, format!("cannot start a thread: {e}")))?;
+    GROUP.with(|g| {
+        g.borrow_mut().tasks.push(Box::new(move || {
+            t.join().unwrap_or_else(|_| {
+                Err(Failure::new(crate::result::ncclInternalError, "a group task panicked"))
+            })
+        }))
+    });
+    Ok(())
+}
+
+/// Run `ops` (one call's pieces) on `comm` now, or keep them for
+/// `ncclGroupEnd` inside a group.
 ///
 /// # Safety
-/// `comm` is from `ncclCommInitRank`, not destroyed; `op`'s memory stays
+/// `comm` is from this library, not destroyed; the memory of `ops` stays
 /// valid until the call (or its group) completes.
-pub(crate) unsafe fn submit(comm: ncclComm_t, op: Op) -> Result<(), Failure> {
+pub(crate) unsafe fn submit(comm: ncclComm_t, ops: &[Op]) -> Result<(), Failure> {
     let kept = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
-            g.calls.push((comm, op));
+            g.calls.extend(ops.iter().map(|o| (comm, *o)));
             true
         } else {
             false
@@ -62,26 +117,62 @@ pub(crate) unsafe fn submit(comm: ncclComm_t, op: Op) -> Result<(), Failure> {
     if kept {
         return Ok(());
     }
-    match op {
+    match ops {
         // A collective alone is a plain call (no group to set up).
-        Op::Coll {
-            kind,
-            send,
-            recv,
-            dtype,
-            op,
-            root,
-        } => {
+        [Op::Coll { .. }] => {
             // SAFETY: the caller's contract.
             let c = unsafe { get(comm) }?;
-            // SAFETY: the caller's contract (the call completes before it
-            // returns).
-            unsafe { c.collective_regions(kind, send, recv, dtype, op, root) }?;
+            let mut scratch = Vec::new();
+            // SAFETY: the caller's contract.
+            let op = unsafe { prepare(ops[0], &mut scratch) }?;
+            if let Some(Op::Coll { kind, send, recv, dtype, op, root, .. }) = op {
+                // SAFETY: the caller's contract (the call completes before
+                // it returns); the scratch lives until then.
+                unsafe { c.collective_regions(kind, send, recv, dtype, op, root) }?;
+            }
             Ok(())
         }
-        // A send or receive alone is a group of one.
         // SAFETY: the caller's contract.
-        Op::P2p { .. } => unsafe { run_group(&[(comm, op)]) },
+        _ => unsafe { run_group(&ops.iter().map(|o| (comm, *o)).collect::<Vec<_>>()) },
+    }
+}
+
+/// Make `op` ready to run: a pre-multiplied input scaled (into `scratch`
+/// out of place), a copy done (`None`: nothing left to run).
+///
+/// # Safety
+/// As [`submit`].
+unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Failure> {
+    match op {
+        Op::Copy { dst, src } => {
+            // SAFETY: the caller's contract: both are valid for their
+            // length (equal); they may overlap.
+            unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, dst.len) };
+            Ok(None)
+        }
+        Op::Coll { kind, send, recv, dtype, op, root, premul: Some(s) } => {
+            let send = match send {
+                // In place: the input is overwritten by the result anyway.
+                None => {
+                    // SAFETY: the caller's contract.
+                    unsafe { scale(recv.addr, recv.len, dtype, s) };
+                    None
+                }
+                Some(src) => {
+                    let mut copy = vec![0u64; src.len.div_ceil(8)];
+                    // SAFETY: `src` is valid for its length (the caller's
+                    // contract); the copy has room for it.
+                    unsafe { std::ptr::copy_nonoverlapping(src.addr as *const u8, copy.as_mut_ptr() as *mut u8, src.len) };
+                    let addr = copy.as_mut_ptr() as usize;
+                    // SAFETY: the copy is ours, 8-byte aligned.
+                    unsafe { scale(addr, src.len, dtype, s) };
+                    scratch.push(copy);
+                    Some(Region { space: MemorySpace::Host, addr, len: src.len })
+                }
+            };
+            Ok(Some(Op::Coll { kind, send, recv, dtype, op, root, premul: None }))
+        }
+        other => Ok(Some(other)),
     }
 }
 
@@ -97,35 +188,33 @@ unsafe fn run_group(calls: &[(ncclComm_t, Op)]) -> Result<(), Failure> {
             comms.push(*c);
         }
     }
+    // Check every communicator before anything runs.
+    for c in &comms {
+        // SAFETY: the caller's contract.
+        unsafe { get(*c) }?;
+    }
+    let mut scratch = Vec::new();
     let mut works = Vec::new();
     for c in comms {
-        // SAFETY: the caller's contract.
+        // SAFETY: checked above.
         let comm = unsafe { get(c) }?;
-        let mine: Vec<Op> = calls
-            .iter()
-            .filter(|(k, _)| *k == c)
-            .map(|(_, o)| *o)
-            .collect();
+        let mut mine = Vec::new();
+        for (_, op) in calls.iter().filter(|(k, _)| *k == c) {
+            // SAFETY: the caller's contract.
+            mine.extend(unsafe { prepare(*op, &mut scratch) }?);
+        }
         works.push(comm.group_async((), move |g, _| {
             for op in mine {
                 // SAFETY: the caller's contract: the memory stays valid
-                // until this group completes (waited for below).
+                // until this group completes (waited for below; the
+                // scratch lives until then too).
                 unsafe {
                     match op {
-                        Op::P2p {
-                            send,
-                            region,
-                            dtype,
-                            peer,
-                        } => g.p2p_region(send, region, dtype, peer),
-                        Op::Coll {
-                            kind,
-                            send,
-                            recv,
-                            dtype,
-                            op,
-                            root,
-                        } => g.collective_regions(kind, send, recv, dtype, op, root),
+                        Op::P2p { send, region, dtype, peer } => g.p2p_region(send, region, dtype, peer),
+                        Op::Coll { kind, send, recv, dtype, op, root, .. } => {
+                            g.collective_regions(kind, send, recv, dtype, op, root)
+                        }
+                        Op::Copy { .. } => Ok(()),
                     }
                 }?;
             }
@@ -138,6 +227,7 @@ unsafe fn run_group(calls: &[(ncclComm_t, Op)]) -> Result<(), Failure> {
             first.get_or_insert(e);
         }
     }
+    drop(scratch);
     first.map_or(Ok(()), |e| Err(e.into()))
 }
 
@@ -151,30 +241,78 @@ export! {
     }
 }
 
+/// Close one level of this thread's group: at the outermost, what it kept.
+fn close() -> Result<Option<Open>, Failure> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        match g.depth {
+            0 => Err(Failure::usage("ncclGroupEnd without ncclGroupStart")),
+            1 => Ok(Some(std::mem::take(&mut *g))),
+            _ => {
+                g.depth -= 1;
+                Ok(None)
+            }
+        }
+    })
+}
+
 export! {
-    /// `ncclGroupEnd`: at the outermost end, run the calls kept.
+    /// `ncclGroupEnd`: at the outermost end, run the calls kept and wait
+    /// for the communicators made in the group.
     fn ncclGroupEnd / pncclGroupEnd() {
         run("ncclGroupEnd", || {
-            let calls = GROUP.with(|g| {
-                let mut g = g.borrow_mut();
-                match g.depth {
-                    0 => Err(Failure::usage("ncclGroupEnd without ncclGroupStart")),
-                    1 => {
-                        g.depth = 0;
-                        Ok(Some(std::mem::take(&mut g.calls)))
-                    }
-                    _ => {
-                        g.depth -= 1;
-                        Ok(None)
-                    }
+            let Some(open) = close()? else { return Ok(()) };
+            let mut first = None;
+            for t in open.tasks {
+                if let Err(e) = t() {
+                    first.get_or_insert(e);
                 }
-            })?;
-            match calls {
-                // SAFETY: every call was submitted under the contract of
-                // its entry point; its memory is valid until now.
-                Some(calls) => unsafe { run_group(&calls) },
-                None => Ok(()),
             }
+            if let Some(e) = first {
+                return Err(e);
+            }
+            // SAFETY: every call was submitted under the contract of its
+            // entry point; its memory is valid until now.
+            unsafe { run_group(&open.calls) }?;
+            match open.pending.iter().any(|s| s.outcome().is_none()) {
+                true => Err(Failure::new(ncclInProgress, "communicators are being created")),
+                false => Ok(()),
+            }
+        })
+    }
+}
+
+/// NCCL's `ncclSimInfo_t`.
+#[repr(C)]
+pub struct ncclSimInfo_t {
+    pub size: usize,
+    pub magic: u32,
+    pub version: u32,
+    pub estimatedTime: f32,
+}
+
+/// `NCCL_SIM_INFO_INITIALIZER`'s magic.
+const SIM_INFO_MAGIC: u32 = 0x7468_5283;
+
+export! {
+    /// `ncclGroupSimulateEnd`: end the group without running it. NCCL
+    /// estimates the group's time from its GPU model; oxccl's estimate
+    /// needs the job's hosts and links (`oxccl-sim`), which a group of
+    /// calls does not carry, so the calls are dropped and the answer is
+    /// `ncclInvalidUsage` rather than a made-up time.
+    fn ncclGroupSimulateEnd / pncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) {
+        run("ncclGroupSimulateEnd", || {
+            // SAFETY: NULL or the caller's struct.
+            if let Some(s) = unsafe { simInfo.as_ref() } {
+                if s.magic != SIM_INFO_MAGIC {
+                    return Err(Failure::invalid("simInfo is not initialized with NCCL_SIM_INFO_INITIALIZER"));
+                }
+            }
+            close()?;
+            Err(Failure::usage(
+                "no time estimate: oxccl predicts times with oxccl-sim from the job's \
+                 topology (see `oxccl-sim`), not per group; the group was dropped",
+            ))
         })
     }
 }
@@ -200,17 +338,7 @@ unsafe fn p2p(
         let region = crate::coll::region(what, buf, count, dtype)?;
         let peer = crate::comm::count("peer", peer)?;
         // SAFETY: the caller's contract.
-        unsafe {
-            submit(
-                comm,
-                Op::P2p {
-                    send,
-                    region,
-                    dtype,
-                    peer,
-                },
-            )
-        }
+        unsafe { submit(comm, &[Op::P2p { send, region, dtype, peer }]) }
     })
 }
 

@@ -7,11 +7,21 @@
 //!   NCCL codes;
 //! - [`types`]: data types and reduction operators;
 //! - [`id`]: `ncclUniqueId` (128 bytes) and oxccl's unique id;
-//! - [`comm`]: communicators — create, query, finalize, destroy, abort;
-//! - [`coll`]: the collectives;
-//! - [`mem`]: `ncclMemAlloc`/`ncclMemFree` (host memory here);
+//! - [`config`]: `ncclConfig_t` and `ncclCollConfig_t`;
+//! - [`comm`]: what a communicator handle is; queries, finalize,
+//!   destroy, abort, async errors;
+//! - [`init`]: communicators from unique ids (blocking, non-blocking, in
+//!   groups); [`resize`]: from communicators (split, shrink, grow) and
+//!   revoke, suspend, resume;
+//! - [`coll`]: the collectives and their `*Config` forms; [`redop`]:
+//!   `ncclRedOpCreatePreMulSum`;
 //! - [`group`]: `ncclGroupStart`/`End` (any mix of calls, on any
-//!   communicators) and `ncclSend`/`ncclRecv`.
+//!   communicators) and `ncclSend`/`ncclRecv`;
+//! - [`mem`]: `ncclMemAlloc`/`ncclMemFree` (host memory here);
+//!   [`register`]: buffer registration (and windows, refused);
+//! - [`device`]: the device-side API (teams answered, resources refused);
+//! - [`param`]: the parameter API and `ncclSetEncryption`; [`debug`]:
+//!   `NCCL_DEBUG`-style messages.
 //!
 //! Memory: host pointers with a null stream — the call completes before it
 //! returns (an extension: NVIDIA's NCCL takes device memory only). A
@@ -19,8 +29,10 @@
 //! (the `cuda` feature of oxccl) is wired here. Every entry point also
 //! exists as `pnccl*`, NCCL's profiling alias.
 //!
-//! What is not here yet is absent (a program using it fails to link),
-//! never a silent no-op.
+//! Every function of NVIDIA's `libnccl.so.2` 2.32 is here; what cannot be
+//! honoured on host memory (windows, the device-side API, TLS, a
+//! simulated group end) answers `ncclInvalidUsage` with the reason in
+//! `ncclGetLastError`, never a silent no-op.
 
 // The exported names are NCCL's.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
@@ -33,9 +45,17 @@
 
 pub mod coll;
 pub mod comm;
+pub mod config;
+pub mod debug;
+pub mod device;
 pub mod group;
 pub mod id;
+pub mod init;
 pub mod mem;
+pub mod param;
+pub mod redop;
+pub mod register;
+pub mod resize;
 pub mod result;
 pub mod types;
 

@@ -23,7 +23,7 @@ pub const ncclInProgress: ncclResult_t = 7;
 pub const ncclTimeout: ncclResult_t = 8;
 
 /// A failed call: its code and what to tell the user.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Failure {
     pub code: ncclResult_t,
     pub message: String,
@@ -70,7 +70,13 @@ thread_local! {
     static LAST: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Remember `message` as this thread's last error.
+/// Remember `message` as this thread's last error (for
+/// `ncclGetLastError`), also when the call itself succeeds (an async error
+/// found).
+pub(crate) fn remember(message: &str) {
+    set_last(message);
+}
+
 fn set_last(message: &str) {
     // (An interior NUL would cut the text short; it cannot fail otherwise.)
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
@@ -83,7 +89,12 @@ pub fn run(what: &str, body: impl FnOnce() -> Result<(), Failure>) -> ncclResult
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(())) => ncclSuccess,
         Ok(Err(f)) => {
-            set_last(&format!("{what}: {}", f.message));
+            let text = format!("{what}: {}", f.message);
+            // ncclInProgress is no failure: a non-blocking call underway.
+            if f.code != ncclInProgress {
+                crate::debug::warn(&text);
+            }
+            set_last(&text);
             f.code
         }
         Err(p) => {

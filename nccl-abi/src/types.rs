@@ -10,7 +10,7 @@ pub type ncclRedOp_t = i32;
 /// `ncclFloat8e4m3` and `ncclFloat8e5m2`: NCCL has them, oxccl not yet.
 const FLOAT8: [ncclDataType_t; 2] = [10, 11];
 /// `ncclNumOps`: the first operator `ncclRedOpCreatePreMulSum` would make.
-const NUM_OPS: ncclRedOp_t = 5;
+pub(crate) const NUM_OPS: ncclRedOp_t = 5;
 
 /// The oxccl type of NCCL type code `t`.
 pub fn data_type(t: ncclDataType_t) -> Result<DataType, Failure> {

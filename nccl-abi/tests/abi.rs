@@ -10,6 +10,8 @@ use oxccl_nccl::coll::*;
 use oxccl_nccl::comm::*;
 use oxccl_nccl::group::*;
 use oxccl_nccl::id::*;
+use oxccl_nccl::init::*;
+use oxccl_nccl::resize::*;
 use oxccl_nccl::mem::*;
 use oxccl_nccl::result::*;
 use std::ffi::{c_int, c_void, CStr};

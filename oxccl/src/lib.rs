@@ -219,6 +219,9 @@ pub use comm_core::config::parse_bytes;
 /// variable: what oxccl's tools use for their flags.
 pub use comm_core::config::{value as settings, vars};
 
+/// NCCL's environment variables read as oxccl's (for the NCCL C library).
+pub use comm_core::config::nccl as nccl_env;
+
 pub use comm_core::with_dtype;
 
 /// The instruction set the reduction kernels run with on this machine.

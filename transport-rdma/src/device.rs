@@ -71,8 +71,9 @@ mod with_verbs {
         pub gid: [u8; 16],
     }
 
+    /// An `OXCCL_IB_*` variable (or its NCCL alias, under libnccl).
     fn env(name: &str) -> Option<String> {
-        std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+        comm_core::config::vars::raw(name)
     }
 
     /// A numeric `OXCCL_IB_*` variable, range-checked by the variable table.

@@ -2,6 +2,7 @@
 //! (documented in the README); [`Config::from_env`] reads them on top of the
 //! defaults, and code can set fields directly.
 
+pub mod nccl;
 pub mod value;
 pub mod vars;
 

@@ -5,6 +5,7 @@
 //! features this process does not use, so a typo in `OXCCL_IB_TC` on a
 //! TCP-only run is still an error rather than a silent no-op.
 
+use super::nccl::{self, Source};
 use super::value::{self, MAX_DURATION};
 use crate::error::{Error, Result};
 use std::time::Duration;
@@ -274,12 +275,43 @@ pub fn var(name: &str) -> &'static Var {
         .unwrap_or_else(|| panic!("{name} is not in config::vars::VARS"))
 }
 
-/// The variable's value, trimmed; `None` when unset or blank.
+/// The variable's value, trimmed; `None` when unset or blank. Once the
+/// NCCL library asked for NCCL's names ([`nccl::honour_nccl_names`]), an
+/// unset one takes the value of its NCCL alias, translated (one that does
+/// not translate is left to [`check_env`] to report).
 pub fn raw(name: &str) -> Option<String> {
+    sourced(name).map(|(v, _)| v)
+}
+
+/// [`raw`], and where the value came from.
+pub fn sourced(name: &str) -> Option<(String, Source)> {
+    if let Some(v) = own(name) {
+        return Some((v, Source::Oxccl));
+    }
+    if !nccl::honoured() {
+        return None;
+    }
+    let a = nccl::alias_of(name)?;
+    let r = own(a.nccl)?;
+    let v = (a.translate)(&r).ok()?;
+    Some((v, Source::Nccl { name: a.nccl, raw: r }))
+}
+
+/// `name` exactly as the environment has it, trimmed; `None` when unset
+/// or blank.
+fn own(name: &str) -> Option<String> {
     std::env::var(name)
         .ok()
         .map(|v| v.trim().to_string())
         .filter(|v| !v.is_empty())
+}
+
+/// An error about a value NCCL's variable gave: name that variable too.
+fn from_nccl(e: Error, source: &Source) -> Error {
+    match source {
+        Source::Oxccl => e,
+        Source::Nccl { name, raw } => Error::Config(format!("{name}={raw:?}: {e}")),
+    }
 }
 
 /// Check one value against its variable's kind.
@@ -361,12 +393,25 @@ pub fn check_env() -> Result<()> {
         }
         check(v, val.trim())?;
     }
+    if nccl::honoured() {
+        for a in nccl::ALIASES {
+            let Some(r) = own(a.nccl).filter(|_| own(a.oxccl).is_none()) else {
+                continue;
+            };
+            let v = (a.translate)(&r)
+                .map_err(|why| Error::Config(format!("{}={r:?}: {why}", a.nccl)))?;
+            let source = Source::Nccl { name: a.nccl, raw: r };
+            check(var(a.oxccl), &v).map_err(|e| from_nccl(e, &source))?;
+        }
+    }
     Ok(())
 }
 
 fn typed<T>(name: &str, parse: impl FnOnce(&Var, &str) -> Result<T>) -> Result<Option<T>> {
     let v = var(name);
-    raw(name).map(|r| parse(v, &r)).transpose()
+    sourced(name)
+        .map(|(r, source)| parse(v, &r).map_err(|e| from_nccl(e, &source)))
+        .transpose()
 }
 
 /// A `Seconds` or `Micros` variable, range-checked.
