@@ -304,11 +304,13 @@ unsafe fn rooted(
                     ops.push(Op::P2p { send: !to_root, region: piece, dtype, peer: r });
                     continue;
                 }
-                let (mine, own) = match to_root {
+                // The root's own part: from its sendbuff into its piece
+                // of recvbuff (gather), from its piece of sendbuff into
+                // its recvbuff (scatter).
+                let (src, dst) = match to_root {
                     true => (region("sendbuff", sendbuff, count_, dtype)?, piece),
                     false => (piece, region("recvbuff", recvbuff, count_, dtype)?),
                 };
-                let (src, dst) = if to_root { (mine, own) } else { (own, mine) };
                 // In place when they are the same memory.
                 if src.addr != dst.addr {
                     ops.push(Op::Copy { dst, src });

@@ -43,8 +43,16 @@ fn scratch(name: &str) -> PathBuf {
     d
 }
 
-/// `nranks` ranks of `program args.. ID_FILE`, as oxrun starts them.
-fn launch(nranks: usize, program: &str, args: &[String], lib: &Path, tmp: &Path) -> i32 {
+/// `nranks` ranks of `program args.. ID_FILE`, as oxrun starts them, with
+/// NCCL's variables (read as oxccl's) and `env`.
+fn launch(
+    nranks: usize,
+    program: &str,
+    args: &[String],
+    lib: &Path,
+    tmp: &Path,
+    env: &[(&str, &str)],
+) -> i32 {
     let id_file = tmp.join(format!("id-{nranks}"));
     let _ = std::fs::remove_file(&id_file);
     let mut args = args.to_vec();
@@ -55,11 +63,14 @@ fn launch(nranks: usize, program: &str, args: &[String], lib: &Path, tmp: &Path)
         args,
         output: Output::Prefixed,
         kill_after: Duration::from_secs(2),
-        env: vec![
+        env: [
             ("LD_LIBRARY_PATH".into(), lib.display().to_string()),
-            ("OXCCL_SOCKET_IFNAME".into(), "lo".into()),
+            ("NCCL_SOCKET_IFNAME".into(), "lo".into()),
             ("OXCCL_TIMEOUT".into(), "60".into()),
-        ],
+        ]
+        .into_iter()
+        .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+        .collect(),
     })
 }
 
@@ -113,7 +124,10 @@ fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
         return;
     };
     for n in 1..=5 {
-        let rc = launch(n, exe.to_str().unwrap(), &[], &lib, &tmp);
+        // NCCL_ALGO=Ring on odd counts: the program reads it back through
+        // the parameter API, as oxccl's `ring`.
+        let env: &[(&str, &str)] = if n % 2 == 1 { &[("NCCL_ALGO", "Ring")] } else { &[] };
+        let rc = launch(n, exe.to_str().unwrap(), &[], &lib, &tmp, env);
         assert_eq!(
             rc, 0,
             "the C test suite failed on {n} ranks (its output is above)"
@@ -124,7 +138,8 @@ fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
 
 /// The last of 3 ranks SIGKILLs itself after one all_reduce: each survivor
 /// gets `ncclRemoteError` from its next call and from
-/// `ncclCommGetAsyncError`, with the dead rank named in `ncclGetLastError`.
+/// `ncclCommGetAsyncError`, with the dead rank named in `ncclGetLastError`,
+/// then shrinks the dead rank away and all_reduces with the other.
 /// (Started directly, not by the launcher, which would stop the survivors
 /// as soon as one rank died.)
 #[test]
@@ -163,6 +178,10 @@ fn after_a_peer_is_sigkilled_survivors_get_ncclremoteerror_naming_it() {
                 stdout.contains("call 6 async 6 named 1"),
                 "survivor {r}: {stdout}"
             );
+            assert!(
+                stdout.contains(&format!("SHRUNK {r} sum {}", n - 1)),
+                "survivor {r} did not shrink and go on: {stdout}"
+            );
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
@@ -177,7 +196,7 @@ fn a_python_ctypes_program_runs_an_all_reduce() {
     let tmp = scratch("py");
     let lib = link_dir(&tmp);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/allreduce.py");
-    let rc = launch(3, "python3", &[script.display().to_string()], &lib, &tmp);
+    let rc = launch(3, "python3", &[script.display().to_string()], &lib, &tmp, &[]);
     assert_eq!(rc, 0, "the ctypes program failed (its output is above)");
     let _ = std::fs::remove_dir_all(&tmp);
 }
