@@ -187,6 +187,46 @@ fn after_a_peer_is_sigkilled_survivors_get_ncclremoteerror_naming_it() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// NCCL's variables under libnccl: one oxccl cannot honour is an error
+/// naming it (not ignored), and the `OXCCL_*` name wins when both are set.
+#[test]
+fn nccl_variables_are_read_and_oxccls_win() {
+    let tmp = scratch("env");
+    let lib = link_dir(&tmp);
+    let Some(exe) = compile_c(&tmp, &lib) else {
+        return;
+    };
+    let one_rank = |env: &[(&str, &str)]| {
+        let _ = std::fs::remove_file(tmp.join("id"));
+        let mut cmd = Command::new(&exe);
+        cmd.arg(tmp.join("id"))
+            .env("RANK", "0")
+            .env("WORLD_SIZE", "1")
+            .env("LD_LIBRARY_PATH", &lib)
+            .env("NCCL_SOCKET_IFNAME", "lo")
+            .env_remove("OXCCL_ALGO")
+            .env_remove("NCCL_ALGO");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    let out = one_rank(&[("NCCL_ALGO", "NVLS")]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "NCCL_ALGO=NVLS: {err}");
+    assert!(
+        err.contains("NCCL_ALGO=\"NVLS\"") && err.contains("invalid argument"),
+        "{err}"
+    );
+    let out = one_rank(&[("NCCL_ALGO", "NVLS"), ("OXCCL_ALGO", "ring")]);
+    assert!(
+        out.status.success(),
+        "OXCCL_ALGO set: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 #[test]
 fn a_python_ctypes_program_runs_an_all_reduce() {
     if Command::new("python3").arg("--version").output().is_err() {
