@@ -1,8 +1,10 @@
 //! Programs written against NCCL, run on this library: the C test suite
 //! (`tests/c/collectives.c`) compiled against NVIDIA's own `nccl.h` and
 //! linked with `-lnccl` resolving to ours, on 1–5 ranks, and its SIGKILL
-//! case (survivors get `ncclRemoteError` naming the dead rank); a Python `ctypes`
-//! program (`tests/python/allreduce.py`) on 3. Both started the way `oxrun`
+//! case (survivors get `ncclRemoteError` naming the dead rank, then shrink
+//! it away); NCCL's variables read, oxccl's winning; every symbol of
+//! NVIDIA's library exported; a Python `ctypes` program
+//! (`tests/python/allreduce.py`) on 3. Programs are started the way `oxrun`
 //! starts ranks (`oxccl::launch`).
 //!
 //! NVIDIA's `nccl.h` comes from the `nvidia-nccl-cu13` wheel and the CUDA
@@ -185,6 +187,35 @@ fn after_a_peer_is_sigkilled_survivors_get_ncclremoteerror_naming_it() {
         }
     }
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Every `nccl*` and `pncclX` symbol NVIDIA's `libnccl.so.2` (the same
+/// wheel as `nccl.h`) exports, ours exports too (what cannot be honoured
+/// answers `ncclInvalidUsage`; `scripts/nccl-coverage` tells which).
+#[test]
+fn every_symbol_of_nvidias_library_is_exported() {
+    let Some((nccl_inc, _)) = headers() else {
+        eprintln!("skipped: NVIDIA's nccl.h not found");
+        return;
+    };
+    let theirs = Path::new(&nccl_inc).join("../lib/libnccl.so.2");
+    let syms = |lib: &Path| -> Vec<String> {
+        let out = Command::new("nm").arg("-D").arg("--defined-only").arg(lib).output();
+        let out = out.expect("nm (binutils) runs");
+        assert!(out.status.success(), "nm {}", lib.display());
+        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2).map(String::from))
+            .filter(|n| n.starts_with("nccl") || n.starts_with("pnccl"))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    let (theirs, ours) = (syms(&theirs), syms(&cdylib()));
+    assert!(theirs.len() >= 97, "NVIDIA's library exports {} symbols?", theirs.len());
+    let missing: Vec<&String> = theirs.iter().filter(|s| !ours.contains(s)).collect();
+    assert!(missing.is_empty(), "not exported by ours: {missing:?}");
 }
 
 /// NCCL's variables under libnccl: one oxccl cannot honour is an error
