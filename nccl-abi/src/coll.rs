@@ -4,12 +4,12 @@
 //! reduce_scatter `recvbuff == sendbuff + rank * recvcount`.
 
 use crate::comm::{count, get, ncclComm_t};
+use crate::config::{check_coll_config, ncclCollConfig_t};
 use crate::export;
 use crate::group::{submit, Op};
 use crate::redop::resolve;
 use crate::result::{run, Failure};
 use crate::types::{data_type, ncclDataType_t, ncclRedOp_t};
-use crate::config::{check_coll_config, ncclCollConfig_t};
 use oxccl::{DataType, Kind, MemorySpace, ReduceOp, Region};
 use std::ffi::{c_int, c_void};
 
@@ -284,11 +284,23 @@ unsafe fn rooted(
         let (n, me) = (c.nranks(), c.rank());
         let root = count("root", root)?;
         if root >= n {
-            return Err(Failure::invalid(format!("root {root} is not a rank of {n}")));
+            return Err(Failure::invalid(format!(
+                "root {root} is not a rank of {n}"
+            )));
         }
         let part = |what: &str, base: *const c_void, r: usize| -> Result<Region, Failure> {
-            let at = (base as usize).wrapping_add(r.wrapping_mul(count_).wrapping_mul(dtype.size()));
-            region(what, if base.is_null() { base } else { at as *const c_void }, count_, dtype)
+            let at =
+                (base as usize).wrapping_add(r.wrapping_mul(count_).wrapping_mul(dtype.size()));
+            region(
+                what,
+                if base.is_null() {
+                    base
+                } else {
+                    at as *const c_void
+                },
+                count_,
+                dtype,
+            )
         };
         let mut ops = Vec::new();
         if me == root {
@@ -301,7 +313,12 @@ unsafe fn rooted(
             for r in 0..n {
                 let piece = part(what, whole, r)?;
                 if r != me {
-                    ops.push(Op::P2p { send: !to_root, region: piece, dtype, peer: r });
+                    ops.push(Op::P2p {
+                        send: !to_root,
+                        region: piece,
+                        dtype,
+                        peer: r,
+                    });
                     continue;
                 }
                 // The root's own part: from its sendbuff into its piece
@@ -321,7 +338,12 @@ unsafe fn rooted(
                 true => (true, region("sendbuff", sendbuff, count_, dtype)?),
                 false => (false, region("recvbuff", recvbuff, count_, dtype)?),
             };
-            ops.push(Op::P2p { send, region: buf, dtype, peer: root });
+            ops.push(Op::P2p {
+                send,
+                region: buf,
+                dtype,
+                peer: root,
+            });
         }
         // SAFETY: the caller's contract: the buffers hold the elements
         // nccl.h says and stay valid until the call (or its group) ends.

@@ -106,7 +106,11 @@ impl ncclComm {
         crate::debug::info(&format!(
             "communicator {} {}",
             config.name.as_deref().unwrap_or("(unnamed)"),
-            if background { "being created" } else { "created" }
+            if background {
+                "being created"
+            } else {
+                "created"
+            }
         ));
         let handle = Box::into_raw(Box::new(ncclComm {
             slot: slot.clone(),

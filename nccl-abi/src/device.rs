@@ -111,18 +111,30 @@ export! {
 /// # Safety
 /// `comm` is NULL or from this library, not destroyed.
 unsafe fn world(comm: ncclComm_t) -> ncclTeam_t {
-    let mut t = ncclTeam_t { nRanks: 1, rank: 0, stride: 1 };
+    let mut t = ncclTeam_t {
+        nRanks: 1,
+        rank: 0,
+        stride: 1,
+    };
     run("ncclTeamWorld", || {
         // SAFETY: the caller's contract.
         let c = unsafe { get(comm) }?;
-        t = ncclTeam_t { nRanks: c.nranks() as c_int, rank: c.rank() as c_int, stride: 1 };
+        t = ncclTeam_t {
+            nRanks: c.nranks() as c_int,
+            rank: c.rank() as c_int,
+            stride: 1,
+        };
         Ok(())
     });
     t
 }
 
 /// An LSA team: this rank alone.
-const ALONE: ncclTeam_t = ncclTeam_t { nRanks: 1, rank: 0, stride: 1 };
+const ALONE: ncclTeam_t = ncclTeam_t {
+    nRanks: 1,
+    rank: 0,
+    stride: 1,
+};
 
 macro_rules! team {
     ($(#[$m:meta])* fn $name:ident / $alias:ident ($($arg:ident: $ty:ty),*) $body:block) => {
@@ -182,7 +194,11 @@ team! {
 
 /// `ncclTeamRankToWorld`: rank `rank` of `team` in `comm`'s numbering.
 #[no_mangle]
-pub unsafe extern "C" fn ncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+pub unsafe extern "C" fn ncclTeamRankToWorld(
+    comm: ncclComm_t,
+    team: ncclTeam_t,
+    rank: c_int,
+) -> c_int {
     // SAFETY: the caller's contract.
     let me = unsafe { world(comm) }.rank;
     me + (rank - team.rank) * team.stride
@@ -190,7 +206,11 @@ pub unsafe extern "C" fn ncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t,
 
 /// `ncclTeamRankToWorld` (NCCL's profiling alias).
 #[no_mangle]
-pub unsafe extern "C" fn pncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+pub unsafe extern "C" fn pncclTeamRankToWorld(
+    comm: ncclComm_t,
+    team: ncclTeam_t,
+    rank: c_int,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { ncclTeamRankToWorld(comm, team, rank) }
 }
@@ -198,7 +218,11 @@ pub unsafe extern "C" fn pncclTeamRankToWorld(comm: ncclComm_t, team: ncclTeam_t
 /// `ncclTeamRankToLsa`: rank `rank` of `team` in this rank's LSA team
 /// (0 for this rank, -1 for every other: none is load/store reachable).
 #[no_mangle]
-pub unsafe extern "C" fn ncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+pub unsafe extern "C" fn ncclTeamRankToLsa(
+    comm: ncclComm_t,
+    team: ncclTeam_t,
+    rank: c_int,
+) -> c_int {
     // SAFETY: the caller's contract.
     let me = unsafe { world(comm) }.rank;
     // SAFETY: the caller's contract.
@@ -210,7 +234,11 @@ pub unsafe extern "C" fn ncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, r
 
 /// `ncclTeamRankToLsa` (NCCL's profiling alias).
 #[no_mangle]
-pub unsafe extern "C" fn pncclTeamRankToLsa(comm: ncclComm_t, team: ncclTeam_t, rank: c_int) -> c_int {
+pub unsafe extern "C" fn pncclTeamRankToLsa(
+    comm: ncclComm_t,
+    team: ncclTeam_t,
+    rank: c_int,
+) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { ncclTeamRankToLsa(comm, team, rank) }
 }

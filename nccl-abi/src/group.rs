@@ -83,15 +83,25 @@ pub(crate) fn defer_creation(slot: Arc<Slot>, nonblocking: bool) {
 }
 
 /// Run `task` on a thread of its own; `ncclGroupEnd` waits for it.
-pub(crate) fn defer_task(task: impl FnOnce() -> Result<(), Failure> + Send + 'static) -> Result<(), Failure> {
+pub(crate) fn defer_task(
+    task: impl FnOnce() -> Result<(), Failure> + Send + 'static,
+) -> Result<(), Failure> {
     let t = std::thread::Builder::new()
         .name("oxccl-nccl-task".into())
         .spawn(task)
-        .map_err(|e| Failure::new(crate::result::ncclSystemError, format!("cannot start a thread: {e}")))?;
+        .map_err(|e| {
+            Failure::new(
+                crate::result::ncclSystemError,
+                format!("cannot start a thread: {e}"),
+            )
+        })?;
     GROUP.with(|g| {
         g.borrow_mut().tasks.push(Box::new(move || {
             t.join().unwrap_or_else(|_| {
-                Err(Failure::new(crate::result::ncclInternalError, "a group task panicked"))
+                Err(Failure::new(
+                    crate::result::ncclInternalError,
+                    "a group task panicked",
+                ))
             })
         }))
     });
@@ -125,7 +135,16 @@ pub(crate) unsafe fn submit(comm: ncclComm_t, ops: &[Op]) -> Result<(), Failure>
             let mut scratch = Vec::new();
             // SAFETY: the caller's contract.
             let op = unsafe { prepare(ops[0], &mut scratch) }?;
-            if let Some(Op::Coll { kind, send, recv, dtype, op, root, .. }) = op {
+            if let Some(Op::Coll {
+                kind,
+                send,
+                recv,
+                dtype,
+                op,
+                root,
+                ..
+            }) = op
+            {
                 // SAFETY: the caller's contract (the call completes before
                 // it returns); the scratch lives until then.
                 unsafe { c.collective_regions(kind, send, recv, dtype, op, root) }?;
@@ -150,7 +169,15 @@ unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Fai
             unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, dst.len) };
             Ok(None)
         }
-        Op::Coll { kind, send, recv, dtype, op, root, premul: Some(s) } => {
+        Op::Coll {
+            kind,
+            send,
+            recv,
+            dtype,
+            op,
+            root,
+            premul: Some(s),
+        } => {
             let send = match send {
                 // In place: the input is overwritten by the result anyway.
                 None => {
@@ -162,15 +189,33 @@ unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Fai
                     let mut copy = vec![0u64; src.len.div_ceil(8)];
                     // SAFETY: `src` is valid for its length (the caller's
                     // contract); the copy has room for it.
-                    unsafe { std::ptr::copy_nonoverlapping(src.addr as *const u8, copy.as_mut_ptr() as *mut u8, src.len) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            src.addr as *const u8,
+                            copy.as_mut_ptr() as *mut u8,
+                            src.len,
+                        )
+                    };
                     let addr = copy.as_mut_ptr() as usize;
                     // SAFETY: the copy is ours, 8-byte aligned.
                     unsafe { scale(addr, src.len, dtype, s) };
                     scratch.push(copy);
-                    Some(Region { space: MemorySpace::Host, addr, len: src.len })
+                    Some(Region {
+                        space: MemorySpace::Host,
+                        addr,
+                        len: src.len,
+                    })
                 }
             };
-            Ok(Some(Op::Coll { kind, send, recv, dtype, op, root, premul: None }))
+            Ok(Some(Op::Coll {
+                kind,
+                send,
+                recv,
+                dtype,
+                op,
+                root,
+                premul: None,
+            }))
         }
         other => Ok(Some(other)),
     }
@@ -210,10 +255,21 @@ unsafe fn run_group(calls: &[(ncclComm_t, Op)]) -> Result<(), Failure> {
                 // scratch lives until then too).
                 unsafe {
                     match op {
-                        Op::P2p { send, region, dtype, peer } => g.p2p_region(send, region, dtype, peer),
-                        Op::Coll { kind, send, recv, dtype, op, root, .. } => {
-                            g.collective_regions(kind, send, recv, dtype, op, root)
-                        }
+                        Op::P2p {
+                            send,
+                            region,
+                            dtype,
+                            peer,
+                        } => g.p2p_region(send, region, dtype, peer),
+                        Op::Coll {
+                            kind,
+                            send,
+                            recv,
+                            dtype,
+                            op,
+                            root,
+                            ..
+                        } => g.collective_regions(kind, send, recv, dtype, op, root),
                         Op::Copy { .. } => Ok(()),
                     }
                 }?;
@@ -338,7 +394,17 @@ unsafe fn p2p(
         let region = crate::coll::region(what, buf, count, dtype)?;
         let peer = crate::comm::count("peer", peer)?;
         // SAFETY: the caller's contract.
-        unsafe { submit(comm, &[Op::P2p { send, region, dtype, peer }]) }
+        unsafe {
+            submit(
+                comm,
+                &[Op::P2p {
+                    send,
+                    region,
+                    dtype,
+                    peer,
+                }],
+            )
+        }
     })
 }
 

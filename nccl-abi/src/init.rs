@@ -53,7 +53,10 @@ pub(crate) unsafe fn make_into(
         return Ok(());
     }
     match (nonblocking, slot.outcome()) {
-        (true, None) => Err(Failure::new(ncclInProgress, "the communicator is being created")),
+        (true, None) => Err(Failure::new(
+            ncclInProgress,
+            "the communicator is being created",
+        )),
         _ => Ok(()),
     }
 }

@@ -35,7 +35,11 @@ unsafe fn find(key: *const c_char) -> Result<&'static Alias, Failure> {
     ALIASES.iter().find(|a| a.nccl == full).ok_or_else(|| {
         Failure::invalid(format!(
             "parameter {k:?} is not one oxccl reads (it reads: {})",
-            ALIASES.iter().map(|a| a.nccl).collect::<Vec<_>>().join(", ")
+            ALIASES
+                .iter()
+                .map(|a| a.nccl)
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
     })
 }

@@ -120,7 +120,9 @@ pub(crate) unsafe fn scale(addr: usize, len: usize, dtype: DataType, scalar: Sca
         DataType::I64 => each!(i64, i64::wrapping_mul),
         DataType::U64 => each!(u64, u64::wrapping_mul),
         DataType::F16 => each!(f16, |x: f16, s: f16| f16::from_f32(x.to_f32() * s.to_f32())),
-        DataType::Bf16 => each!(bf16, |x: bf16, s: bf16| bf16::from_f32(x.to_f32() * s.to_f32())),
+        DataType::Bf16 => each!(bf16, |x: bf16, s: bf16| bf16::from_f32(
+            x.to_f32() * s.to_f32()
+        )),
         DataType::F32 => each!(f32, |x: f32, s: f32| x * s),
         DataType::F64 => each!(f64, |x: f64, s: f64| x * s),
     }

@@ -28,7 +28,10 @@ pub const NCCL_SUSPEND_MEM: c_int = 1;
 ///
 /// # Safety
 /// `config` is NULL or an `ncclConfig_t` of its size.
-unsafe fn child_config(parent: &ncclComm, config: *const ncclConfig_t) -> Result<CommConfig, Failure> {
+unsafe fn child_config(
+    parent: &ncclComm,
+    config: *const ncclConfig_t,
+) -> Result<CommConfig, Failure> {
     match config.is_null() {
         true => Ok(parent.config.clone()),
         // SAFETY: the caller's contract.
@@ -172,7 +175,10 @@ export! {
 
 /// The grow's id, from the rank of `parent` that has it to every rank of
 /// `parent`: who has it is agreed first (exactly one must).
-fn share_grow_id(parent: &Communicator, mine: Option<&ncclUniqueId>) -> Result<ncclUniqueId, Failure> {
+fn share_grow_id(
+    parent: &Communicator,
+    mine: Option<&ncclUniqueId>,
+) -> Result<ncclUniqueId, Failure> {
     let n = parent.nranks();
     let mut flags = vec![0u8; n];
     parent.all_gather(&[u8::from(mine.is_some())], &mut flags[..])?;

@@ -8,15 +8,15 @@
 
 use oxccl_nccl::coll::*;
 use oxccl_nccl::comm::*;
-use oxccl_nccl::group::*;
-use oxccl_nccl::id::*;
 use oxccl_nccl::config::*;
 use oxccl_nccl::device::*;
+use oxccl_nccl::group::*;
+use oxccl_nccl::id::*;
 use oxccl_nccl::init::*;
+use oxccl_nccl::mem::*;
 use oxccl_nccl::param::*;
 use oxccl_nccl::register::*;
 use oxccl_nccl::resize::*;
-use oxccl_nccl::mem::*;
 use oxccl_nccl::result::*;
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr::{null, null_mut};
@@ -454,7 +454,9 @@ fn errors() {
 /// says ncclInProgress until it is made.
 fn creation_in_groups() {
     let n = 3;
-    let mut id = ncclUniqueId { internal: [0; NCCL_UNIQUE_ID_BYTES] };
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
     let mut comms = vec![null_mut(); n];
     // SAFETY (every call below): room for the outputs, handles from here,
     // host buffers of the sizes given.
@@ -462,13 +464,21 @@ fn creation_in_groups() {
         assert_eq!(ncclGetUniqueId(&mut id), ncclSuccess);
         assert_eq!(ncclGroupStart(), ncclSuccess);
         for (r, c) in comms.iter_mut().enumerate() {
-            assert_eq!(ncclCommInitRank(c, n as c_int, id, r as c_int), ncclSuccess, "{}", last_error());
+            assert_eq!(
+                ncclCommInitRank(c, n as c_int, id, r as c_int),
+                ncclSuccess,
+                "{}",
+                last_error()
+            );
         }
         assert_eq!(ncclGroupEnd(), ncclSuccess, "{}", last_error());
         let mut bufs: Vec<Vec<f32>> = (0..n).map(|r| vec![r as f32 + 1.0; 64]).collect();
         assert_eq!(ncclGroupStart(), ncclSuccess);
         for (c, b) in comms.iter().zip(bufs.iter_mut()) {
-            assert_eq!(ncclAllReduce(p(b), pm(b), 64, FLOAT, SUM, *c, null_mut()), ncclSuccess);
+            assert_eq!(
+                ncclAllReduce(p(b), pm(b), 64, FLOAT, SUM, *c, null_mut()),
+                ncclSuccess
+            );
         }
         assert_eq!(ncclGroupEnd(), ncclSuccess, "{}", last_error());
         assert!(bufs.iter().all(|b| b.iter().all(|x| *x == 6.0)), "{bufs:?}");
@@ -485,10 +495,16 @@ fn creation_in_groups() {
         assert_eq!(ncclGetUniqueId(&mut id), ncclSuccess);
         assert_eq!(ncclGroupStart(), ncclSuccess);
         for (r, c) in comms.iter_mut().enumerate() {
-            assert_eq!(ncclCommInitRankConfig(c, 2, id, r as c_int, &mut cfg), ncclSuccess);
+            assert_eq!(
+                ncclCommInitRankConfig(c, 2, id, r as c_int, &mut cfg),
+                ncclSuccess
+            );
         }
         let end = ncclGroupEnd();
-        assert!(end == ncclInProgress || end == ncclSuccess, "group end {end}");
+        assert!(
+            end == ncclInProgress || end == ncclSuccess,
+            "group end {end}"
+        );
         for c in &comms {
             let mut state = ncclInProgress;
             while state == ncclInProgress {
@@ -509,11 +525,29 @@ fn config_initializer() -> ncclConfig_t {
         size: std::mem::size_of::<ncclConfig_t>(),
         magic: NCCL_API_MAGIC,
         version: 23206,
-        blocking: u, cgaClusterSize: u, minCTAs: u, maxCTAs: u, netName: null(), splitShare: u,
-        trafficClass: u, commName: null(), collnetEnable: u, CTAPolicy: u, shrinkShare: u,
-        nvlsCTAs: u, nChannelsPerNetPeer: u, nvlinkCentricSched: u, graphUsageMode: u,
-        numRmaCtx: u, maxP2pPeers: u, graphStreamOrdering: u, launchOrderImplicit: u,
-        numRmaSig: u, rmaEagerInit: u, hostCftMode: u, nvlsHostMode: u,
+        blocking: u,
+        cgaClusterSize: u,
+        minCTAs: u,
+        maxCTAs: u,
+        netName: null(),
+        splitShare: u,
+        trafficClass: u,
+        commName: null(),
+        collnetEnable: u,
+        CTAPolicy: u,
+        shrinkShare: u,
+        nvlsCTAs: u,
+        nChannelsPerNetPeer: u,
+        nvlinkCentricSched: u,
+        graphUsageMode: u,
+        numRmaCtx: u,
+        maxP2pPeers: u,
+        graphStreamOrdering: u,
+        launchOrderImplicit: u,
+        numRmaSig: u,
+        rmaEagerInit: u,
+        hostCftMode: u,
+        nvlsHostMode: u,
     }
 }
 
@@ -521,7 +555,9 @@ fn config_initializer() -> ncclConfig_t {
 /// and all 4 all_reduce on the new communicator. Also
 /// ncclCommInitRankScalable (several ids, the first used).
 fn grow_and_scalable() {
-    let mut id = ncclUniqueId { internal: [0; NCCL_UNIQUE_ID_BYTES] };
+    let mut id = ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    };
     // SAFETY: room for an id.
     assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, ncclSuccess);
     let (tx, rx) = std::sync::mpsc::channel::<ncclUniqueId>();
@@ -537,10 +573,21 @@ fn grow_and_scalable() {
                     if r < 2 {
                         let mut comm = null_mut();
                         assert_eq!(ncclCommInitRank(&mut comm, 2, id, r as c_int), ncclSuccess);
-                        let mut gid = ncclUniqueId { internal: [0; NCCL_UNIQUE_ID_BYTES] };
+                        let mut gid = ncclUniqueId {
+                            internal: [0; NCCL_UNIQUE_ID_BYTES],
+                        };
                         let mine = if r == 0 {
-                            assert_eq!(ncclCommGetUniqueId(comm, &mut gid), ncclSuccess, "{}", last_error());
-                            assert_eq!(ncclCommGetUniqueId(comm, &mut gid), ncclInvalidUsage, "a second id before a grow");
+                            assert_eq!(
+                                ncclCommGetUniqueId(comm, &mut gid),
+                                ncclSuccess,
+                                "{}",
+                                last_error()
+                            );
+                            assert_eq!(
+                                ncclCommGetUniqueId(comm, &mut gid),
+                                ncclInvalidUsage,
+                                "a second id before a grow"
+                            );
                             tx.send(gid).unwrap();
                             tx.send(gid).unwrap();
                             &gid as *const _
@@ -552,7 +599,8 @@ fn grow_and_scalable() {
                         assert_eq!(ncclCommDestroy(comm), ncclSuccess);
                     } else {
                         let gid = rx.lock().unwrap().recv().unwrap();
-                        let rc = ncclCommGrow(null_mut(), 4, &gid, r as c_int, &mut grown, null_mut());
+                        let rc =
+                            ncclCommGrow(null_mut(), 4, &gid, r as c_int, &mut grown, null_mut());
                         assert_eq!(rc, ncclSuccess, "new rank {r}: {}", last_error());
                     }
                     let (mut n, mut me) = (0, 0);
@@ -560,7 +608,10 @@ fn grow_and_scalable() {
                     assert_eq!(ncclCommUserRank(grown, &mut me), ncclSuccess);
                     assert_eq!((n, me as usize), (4, r));
                     let mut v = vec![r as f32; 8];
-                    assert_eq!(ncclAllReduce(p(&v), pm(&mut v), 8, FLOAT, SUM, grown, null_mut()), ncclSuccess);
+                    assert_eq!(
+                        ncclAllReduce(p(&v), pm(&mut v), 8, FLOAT, SUM, grown, null_mut()),
+                        ncclSuccess
+                    );
                     assert_eq!(v, vec![6.0; 8]);
                     assert_eq!(ncclCommDestroy(grown), ncclSuccess);
                 }
@@ -568,7 +619,9 @@ fn grow_and_scalable() {
         }
     });
     // Scalable: 2 ids, every rank passes both.
-    let mut ids = [ncclUniqueId { internal: [0; NCCL_UNIQUE_ID_BYTES] }; 2];
+    let mut ids = [ncclUniqueId {
+        internal: [0; NCCL_UNIQUE_ID_BYTES],
+    }; 2];
     // SAFETY: room for the ids.
     unsafe {
         assert_eq!(ncclGetUniqueId(&mut ids[0]), ncclSuccess);
@@ -581,7 +634,8 @@ fn grow_and_scalable() {
                 let mut c = null_mut();
                 // SAFETY: room for a handle; two ids.
                 unsafe {
-                    let rc = ncclCommInitRankScalable(&mut c, 2, r, 2, ids.as_mut_ptr(), null_mut());
+                    let rc =
+                        ncclCommInitRankScalable(&mut c, 2, r, 2, ids.as_mut_ptr(), null_mut());
                     assert_eq!(rc, ncclSuccess, "{}", last_error());
                     assert_eq!(ncclCommDestroy(c), ncclSuccess);
                 }
@@ -601,51 +655,109 @@ fn properties_parameters_and_refusals() {
             let mut props: ncclCommProperties_t = std::mem::zeroed();
             props.size = std::mem::size_of::<ncclCommProperties_t>();
             props.magic = NCCL_API_MAGIC;
-            assert_eq!(ncclCommQueryProperties(comm, &mut props), ncclSuccess, "{}", last_error());
-            assert_eq!((props.rank as usize, props.nRanks, props.cudaDev), (r, 2, -1));
+            assert_eq!(
+                ncclCommQueryProperties(comm, &mut props),
+                ncclSuccess,
+                "{}",
+                last_error()
+            );
+            assert_eq!(
+                (props.rank as usize, props.nRanks, props.cudaDev),
+                (r, 2, -1)
+            );
             assert!(!props.deviceApiSupport && !props.multimemSupport);
             let w = ncclTeamWorld(comm);
-            assert_eq!(w, ncclTeam_t { nRanks: 2, rank: r as c_int, stride: 1 });
-            assert_eq!(ncclTeamLsa(comm).nRanks, 1, "no peer memory is load/store reachable");
+            assert_eq!(
+                w,
+                ncclTeam_t {
+                    nRanks: 2,
+                    rank: r as c_int,
+                    stride: 1
+                }
+            );
+            assert_eq!(
+                ncclTeamLsa(comm).nRanks,
+                1,
+                "no peer memory is load/store reachable"
+            );
             assert_eq!(ncclTeamRankToWorld(comm, w, 1 - r as c_int), 1 - r as c_int);
             assert_eq!(ncclTeamRankToLsa(comm, w, 1 - r as c_int), -1);
             assert_eq!(ncclTeamRankToLsa(comm, w, r as c_int), 0);
             let mut dev = std::mem::zeroed::<[u8; 64]>();
-            assert_eq!(ncclDevCommCreate(comm, null(), dev.as_mut_ptr() as *mut c_void), ncclInvalidUsage);
+            assert_eq!(
+                ncclDevCommCreate(comm, null(), dev.as_mut_ptr() as *mut c_void),
+                ncclInvalidUsage
+            );
             assert!(last_error().contains("device-side API"), "{}", last_error());
             let mut win = null_mut();
-            assert_eq!(ncclCommWindowRegister(comm, dev.as_mut_ptr() as *mut c_void, 64, &mut win, 0), ncclInvalidUsage);
+            assert_eq!(
+                ncclCommWindowRegister(comm, dev.as_mut_ptr() as *mut c_void, 64, &mut win, 0),
+                ncclInvalidUsage
+            );
             assert_eq!(ncclLLA2ACalcSlots(16, 8), -1);
 
             // Parameters: BUFFSIZE as a number, its keys listed.
             let mut h = null();
-            assert_eq!(ncclParamBind(&mut h, c"BUFFSIZE".as_ptr()), ncclSuccess, "{}", last_error());
+            assert_eq!(
+                ncclParamBind(&mut h, c"BUFFSIZE".as_ptr()),
+                ncclSuccess,
+                "{}",
+                last_error()
+            );
             let mut v: u64 = 0;
             assert_eq!(ncclParamGetU64(h, &mut v), ncclSuccess, "{}", last_error());
             assert_eq!(v, 65536);
             let mut small: i8 = 0;
-            assert_eq!(ncclParamGetI8(h, &mut small), ncclInvalidArgument, "65536 is no i8");
+            assert_eq!(
+                ncclParamGetI8(h, &mut small),
+                ncclInvalidArgument,
+                "65536 is no i8"
+            );
             let (mut table, mut len) = (null(), 0);
-            assert_eq!(ncclParamGetAllParameterKeys(&mut table, &mut len), ncclSuccess);
+            assert_eq!(
+                ncclParamGetAllParameterKeys(&mut table, &mut len),
+                ncclSuccess
+            );
             let keys: Vec<String> = (0..len as usize)
                 .map(|i| CStr::from_ptr(*table.add(i)).to_string_lossy().into_owned())
                 .collect();
             assert!(keys.contains(&"NCCL_SOCKET_IFNAME".to_string()), "{keys:?}");
-            assert_eq!(ncclParamBind(&mut h, c"NVLS_ENABLE".as_ptr()), ncclInvalidArgument);
+            assert_eq!(
+                ncclParamBind(&mut h, c"NVLS_ENABLE".as_ptr()),
+                ncclInvalidArgument
+            );
 
-            let mut enc = ncclEncryptionConfig_t { size: 32, magic: NCCL_API_MAGIC, version: 23206, mode: 0, psk: null() };
+            let mut enc = ncclEncryptionConfig_t {
+                size: 32,
+                magic: NCCL_API_MAGIC,
+                version: 23206,
+                mode: 0,
+                psk: null(),
+            };
             assert_eq!(ncclSetEncryption(&enc), ncclSuccess);
             enc.mode = 1;
             assert_eq!(ncclSetEncryption(&enc), ncclInvalidUsage);
-            let mut sim = ncclSimInfo_t { size: 24, magic: 0x7468_5283, version: 23206, estimatedTime: -1.0 };
+            let mut sim = ncclSimInfo_t {
+                size: 24,
+                magic: 0x7468_5283,
+                version: 23206,
+                estimatedTime: -1.0,
+            };
             assert_eq!(ncclGroupStart(), ncclSuccess);
             assert_eq!(ncclGroupSimulateEnd(&mut sim), ncclInvalidUsage);
-            assert_eq!(ncclGroupEnd(), ncclInvalidUsage, "the simulated end closed the group");
+            assert_eq!(
+                ncclGroupEnd(),
+                ncclInvalidUsage,
+                "the simulated end closed the group"
+            );
 
             // Revoke: calls refused, the state quiescent, then shrink-able.
             let mut x = [1.0f32];
             assert_eq!(ncclCommRevoke(comm, 0), ncclSuccess);
-            assert_eq!(ncclAllReduce(p(&x), pm(&mut x), 1, FLOAT, SUM, comm, null_mut()), ncclInvalidUsage);
+            assert_eq!(
+                ncclAllReduce(p(&x), pm(&mut x), 1, FLOAT, SUM, comm, null_mut()),
+                ncclInvalidUsage
+            );
             assert!(last_error().contains("revoked"), "{}", last_error());
             let mut state = ncclInternalError;
             assert_eq!(ncclCommGetAsyncError(comm, &mut state), ncclSuccess);

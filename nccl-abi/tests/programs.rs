@@ -128,7 +128,11 @@ fn the_c_test_suite_against_nvidias_nccl_h_on_1_to_5_ranks() {
     for n in 1..=5 {
         // NCCL_ALGO=Ring on odd counts: the program reads it back through
         // the parameter API, as oxccl's `ring`.
-        let env: &[(&str, &str)] = if n % 2 == 1 { &[("NCCL_ALGO", "Ring")] } else { &[] };
+        let env: &[(&str, &str)] = if n % 2 == 1 {
+            &[("NCCL_ALGO", "Ring")]
+        } else {
+            &[]
+        };
         let rc = launch(n, exe.to_str().unwrap(), &[], &lib, &tmp, env);
         assert_eq!(
             rc, 0,
@@ -200,7 +204,11 @@ fn every_symbol_of_nvidias_library_is_exported() {
     };
     let theirs = Path::new(&nccl_inc).join("../lib/libnccl.so.2");
     let syms = |lib: &Path| -> Vec<String> {
-        let out = Command::new("nm").arg("-D").arg("--defined-only").arg(lib).output();
+        let out = Command::new("nm")
+            .arg("-D")
+            .arg("--defined-only")
+            .arg(lib)
+            .output();
         let out = out.expect("nm (binutils) runs");
         assert!(out.status.success(), "nm {}", lib.display());
         let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
@@ -213,7 +221,11 @@ fn every_symbol_of_nvidias_library_is_exported() {
         v
     };
     let (theirs, ours) = (syms(&theirs), syms(&cdylib()));
-    assert!(theirs.len() >= 97, "NVIDIA's library exports {} symbols?", theirs.len());
+    assert!(
+        theirs.len() >= 97,
+        "NVIDIA's library exports {} symbols?",
+        theirs.len()
+    );
     let missing: Vec<&String> = theirs.iter().filter(|s| !ours.contains(s)).collect();
     assert!(missing.is_empty(), "not exported by ours: {missing:?}");
 }
@@ -267,7 +279,14 @@ fn a_python_ctypes_program_runs_an_all_reduce() {
     let tmp = scratch("py");
     let lib = link_dir(&tmp);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/allreduce.py");
-    let rc = launch(3, "python3", &[script.display().to_string()], &lib, &tmp, &[]);
+    let rc = launch(
+        3,
+        "python3",
+        &[script.display().to_string()],
+        &lib,
+        &tmp,
+        &[],
+    );
     assert_eq!(rc, 0, "the ctypes program failed (its output is above)");
     let _ = std::fs::remove_dir_all(&tmp);
 }

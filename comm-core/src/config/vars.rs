@@ -80,6 +80,11 @@ pub const VARS: &[Var] = &[
         what: "how long a rank retries reaching the root before failing",
     },
     Var {
+        name: "OXCCL_CUDA_INCLUDE",
+        kind: Kind::Text,
+        what: "folder of the CUDA headers nccl.h includes (testing: nccl-abi's C suite; scripts/nccl-headers)",
+    },
+    Var {
         name: "OXCCL_DEBUG",
         kind: Kind::Choice(&["off", "error", "warn", "info", "debug", "trace"]),
         what: "log level of oxccl's binaries",
@@ -149,6 +154,11 @@ pub const VARS: &[Var] = &[
         what: "rank within the host",
     },
     Var {
+        name: "OXCCL_NCCL_INCLUDE",
+        kind: Kind::Text,
+        what: "folder of NVIDIA's nccl.h (testing: nccl-abi's C suite; scripts/nccl-headers)",
+    },
+    Var {
         name: "OXCCL_NSOCKS",
         kind: Kind::Count { min: 1, max: 16 },
         what: "TCP streams per peer",
@@ -183,6 +193,11 @@ pub const VARS: &[Var] = &[
         name: "OXCCL_REQUIRE_LAUNCHERS",
         kind: Kind::Choice(&["0", "1"]),
         what: "1: the launcher tests (mpirun) fail instead of skipping when the launcher is missing (testing, CI)",
+    },
+    Var {
+        name: "OXCCL_REQUIRE_NCCL_H",
+        kind: Kind::Choice(&["0", "1"]),
+        what: "1: nccl-abi's C tests fail instead of skipping without NVIDIA's nccl.h (testing, CI)",
     },
     Var {
         name: "OXCCL_REQUIRE_NVRTC",
@@ -294,7 +309,13 @@ pub fn sourced(name: &str) -> Option<(String, Source)> {
     let a = nccl::alias_of(name)?;
     let r = own(a.nccl)?;
     let v = (a.translate)(&r).ok()?;
-    Some((v, Source::Nccl { name: a.nccl, raw: r }))
+    Some((
+        v,
+        Source::Nccl {
+            name: a.nccl,
+            raw: r,
+        },
+    ))
 }
 
 /// `name` exactly as the environment has it, trimmed; `None` when unset
@@ -400,7 +421,10 @@ pub fn check_env() -> Result<()> {
             };
             let v = (a.translate)(&r)
                 .map_err(|why| Error::Config(format!("{}={r:?}: {why}", a.nccl)))?;
-            let source = Source::Nccl { name: a.nccl, raw: r };
+            let source = Source::Nccl {
+                name: a.nccl,
+                raw: r,
+            };
             check(var(a.oxccl), &v).map_err(|e| from_nccl(e, &source))?;
         }
     }
