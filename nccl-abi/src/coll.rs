@@ -1,5 +1,5 @@
-//! The collectives, on host memory with a null stream (complete when they
-//! return), and their `nccl*Config` forms. NCCL's in-place conventions: `sendbuff == recvbuff`, and for
+//! The collectives and their `nccl*Config` forms (where the memory may be
+//! and what the stream means: [`crate::memory`]). NCCL's in-place conventions: `sendbuff == recvbuff`, and for
 //! all_gather `sendbuff == recvbuff + rank * sendcount` elements, for
 //! reduce_scatter `recvbuff == sendbuff + rank * recvcount`.
 
@@ -7,28 +7,16 @@ use crate::comm::{count, get, ncclComm_t};
 use crate::config::{check_coll_config, ncclCollConfig_t};
 use crate::export;
 use crate::group::{submit, Op};
+use crate::memory::{check_stream, space_of};
 use crate::redop::resolve;
 use crate::result::{run, Failure};
 use crate::types::{data_type, ncclDataType_t, ncclRedOp_t};
-use oxccl::{DataType, Kind, MemorySpace, ReduceOp, Region};
+use oxccl::{DataType, Kind, ReduceOp, Region};
 use std::ffi::{c_int, c_void};
 
-/// CUDA's `cudaStream_t`.
-pub type cudaStream_t = *mut c_void;
+pub use crate::memory::cudaStream_t;
 
-/// Calls take host memory and complete before they return: only the
-/// NULL stream fits.
-pub(crate) fn host_stream(stream: cudaStream_t) -> Result<(), Failure> {
-    match stream.is_null() {
-        true => Ok(()),
-        false => Err(Failure::usage(
-            "a stream was given: this build of oxccl's libnccl takes host memory with a \
-             NULL stream only (device memory needs the cuda feature)",
-        )),
-    }
-}
-
-/// `elems` elements of `dtype` at `ptr`, host memory.
+/// `elems` elements of `dtype` at `ptr`, in the memory space it is in.
 pub(crate) fn region(
     what: &str,
     ptr: *const c_void,
@@ -42,7 +30,7 @@ pub(crate) fn region(
         return Err(Failure::invalid(format!("{what} is NULL")));
     }
     Ok(Region {
-        space: MemorySpace::Host,
+        space: space_of(ptr)?,
         addr: if ptr.is_null() {
             Region::EMPTY.addr
         } else {
@@ -68,7 +56,7 @@ unsafe fn collective(
     run(name, || {
         // SAFETY: the caller's contract.
         unsafe { get(comm) }?;
-        host_stream(stream)?;
+        check_stream(stream)?;
         let dtype = data_type(datatype)?;
         let (op, premul) = match op {
             // SAFETY: the caller's contract.
@@ -92,7 +80,7 @@ unsafe fn collective(
         // SAFETY: the caller's contract: the buffers hold the elements
         // nccl.h says, stay valid until the call (or its group) completes
         // and nothing else writes them meanwhile.
-        unsafe { submit(comm, &[op]) }
+        unsafe { submit(comm, &[op], stream) }
     })
 }
 
@@ -279,7 +267,7 @@ unsafe fn rooted(
     run(name, || {
         // SAFETY: the caller's contract.
         let c = unsafe { get(comm) }?;
-        host_stream(stream)?;
+        check_stream(stream)?;
         let dtype = data_type(datatype)?;
         let (n, me) = (c.nranks(), c.rank());
         let root = count("root", root)?;
@@ -347,7 +335,7 @@ unsafe fn rooted(
         }
         // SAFETY: the caller's contract: the buffers hold the elements
         // nccl.h says and stay valid until the call (or its group) ends.
-        unsafe { submit(comm, &ops) }
+        unsafe { submit(comm, &ops, stream) }
     })
 }
 

@@ -53,6 +53,11 @@ impl Slot {
 
 /// What an `ncclComm_t` points to.
 pub struct ncclComm {
+    /// The CUDA engine of the device its device-memory calls are on
+    /// (made at the first such call). Declared before `slot`: dropped
+    /// before the communicator it borrows.
+    #[cfg(feature = "cuda")]
+    pub(crate) engine: OnceLock<Result<crate::memory::cuda::Engine, Failure>>,
     pub(crate) slot: Arc<Slot>,
     pub(crate) config: CommConfig,
     /// `ncclCommSuspend` .. `ncclCommResume`: calls are refused.
@@ -113,6 +118,8 @@ impl ncclComm {
             }
         ));
         let handle = Box::into_raw(Box::new(ncclComm {
+            #[cfg(feature = "cuda")]
+            engine: OnceLock::new(),
             slot: slot.clone(),
             config,
             suspended: AtomicBool::new(false),
@@ -177,6 +184,45 @@ pub(crate) fn made(h: &ncclComm) -> Result<&Communicator, Failure> {
     }
 }
 
+/// The CUDA engine of `comm` for memory of device `ordinal`: made at the
+/// first call on device memory; a communicator's calls use one device.
+///
+/// # Safety
+/// `comm` is NULL or from this library, not destroyed.
+#[cfg(feature = "cuda")]
+pub(crate) unsafe fn engine<'a>(
+    comm: ncclComm_t,
+    ordinal: u32,
+) -> Result<&'a crate::memory::cuda::Engine, Failure> {
+    // SAFETY: the caller's contract.
+    let h = unsafe { handle(comm) }?;
+    let c = made(h)?;
+    // SAFETY: the engine lives in the same handle as the communicator's
+    // slot and is dropped first (field order).
+    let e = h
+        .engine
+        .get_or_init(|| unsafe { crate::memory::cuda::Engine::attach(c, ordinal) })
+        .as_ref()
+        .map_err(Clone::clone)?;
+    if e.ordinal() != ordinal {
+        return Err(Failure::usage(format!(
+            "this communicator's calls are on CUDA device {}; this one's buffers are on device {ordinal}",
+            e.ordinal()
+        )));
+    }
+    Ok(e)
+}
+
+/// Wait for the calls queued on `h`'s device (none without one).
+fn drain(h: &ncclComm) -> Result<(), Failure> {
+    #[cfg(feature = "cuda")]
+    if let Some(Ok(e)) = h.engine.get() {
+        return e.drain();
+    }
+    let _ = h;
+    Ok(())
+}
+
 /// A non-negative `int` argument as a count.
 pub(crate) fn count(name: &str, v: c_int) -> Result<usize, Failure> {
     usize::try_from(v).map_err(|_| Failure::invalid(format!("{name} = {v} is negative")))
@@ -205,9 +251,9 @@ export! {
 
 export! {
     /// `ncclCommFinalize`: every call issued has completed when it returns
-    /// (calls here complete before they return, so there is nothing left
-    /// to flush, blocking or not); the communicator stays valid until
-    /// destroyed.
+    /// (calls on host memory complete before they return; those queued on
+    /// a device's streams are waited for); the communicator stays valid
+    /// until destroyed.
     fn ncclCommFinalize / pncclCommFinalize(comm: ncclComm_t) {
         run("ncclCommFinalize", || {
             // SAFETY: the caller's contract.
@@ -215,7 +261,7 @@ export! {
             if h.revoked.load(Ordering::Acquire) {
                 return Err(Failure::usage("ncclCommFinalize after ncclCommRevoke"));
             }
-            Ok(())
+            drain(h)
         })
     }
 }
@@ -231,6 +277,9 @@ export! {
             // SAFETY: from this library (Box::into_raw), not destroyed.
             let h = unsafe { Box::from_raw(comm) };
             h.slot.wait();
+            // Queued calls end before the communicator goes (their
+            // failures were reported through ncclCommGetAsyncError).
+            let _ = drain(&h);
             drop(h);
             Ok(())
         })

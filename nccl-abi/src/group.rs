@@ -15,6 +15,7 @@
 
 use crate::comm::{get, ncclComm, ncclComm_t, Slot};
 use crate::export;
+use crate::memory::{copy, cudaStream_t, wait_stream};
 use crate::redop::{scale, Scalar};
 use crate::result::{ncclInProgress, run, Failure};
 use oxccl::{DataType, Kind, MemorySpace, ReduceOp, Region};
@@ -52,7 +53,8 @@ type Task = Box<dyn FnOnce() -> Result<(), Failure>>;
 #[derive(Default)]
 struct Open {
     depth: usize,
-    calls: Vec<(*mut ncclComm, Op)>,
+    /// Each call's communicator, piece and stream (as an address).
+    calls: Vec<(*mut ncclComm, Op, usize)>,
     tasks: Vec<Task>,
     /// Non-blocking communicators being made (not waited for).
     pending: Vec<Arc<Slot>>,
@@ -108,17 +110,55 @@ pub(crate) fn defer_task(
     Ok(())
 }
 
+impl Op {
+    /// The memory this piece touches.
+    fn regions(&self) -> Vec<Region> {
+        match *self {
+            Op::P2p { region, .. } => vec![region],
+            Op::Coll { send, recv, .. } => send.into_iter().chain([recv]).collect(),
+            Op::Copy { dst, src } => vec![dst, src],
+        }
+    }
+}
+
+/// The one memory space of a call's pieces (host when they touch none).
+fn space_of_call(ops: &[Op]) -> Result<MemorySpace, Failure> {
+    let mut space = None;
+    for r in ops.iter().flat_map(Op::regions).filter(|r| r.len > 0) {
+        match space {
+            None => space = Some(r.space),
+            Some(s) if s == r.space => {}
+            Some(s) => {
+                return Err(Failure::usage(format!(
+                    "the call's buffers are in {s:?} and in {:?}: all must be host memory \
+                     or memory of one device",
+                    r.space
+                )))
+            }
+        }
+    }
+    Ok(space.unwrap_or(MemorySpace::Host))
+}
+
 /// Run `ops` (one call's pieces) on `comm` now, or keep them for
-/// `ncclGroupEnd` inside a group.
+/// `ncclGroupEnd` inside a group ([`crate::memory`] says how `stream`
+/// orders them).
 ///
 /// # Safety
-/// `comm` is from this library, not destroyed; the memory of `ops` stays
-/// valid until the call (or its group) completes.
-pub(crate) unsafe fn submit(comm: ncclComm_t, ops: &[Op]) -> Result<(), Failure> {
+/// `comm` is from this library, not destroyed; `stream` is NULL or a
+/// stream of the program's; the memory of `ops` stays valid until the
+/// call (or its group) completes.
+pub(crate) unsafe fn submit(
+    comm: ncclComm_t,
+    ops: &[Op],
+    stream: cudaStream_t,
+) -> Result<(), Failure> {
+    let space = space_of_call(ops)?;
     let kept = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth > 0 {
-            g.calls.extend(ops.iter().map(|o| (comm, *o)));
+            g.calls
+                .extend(ops.iter().map(|o| (comm, *o, stream as usize)));
             true
         } else {
             false
@@ -127,11 +167,47 @@ pub(crate) unsafe fn submit(comm: ncclComm_t, ops: &[Op]) -> Result<(), Failure>
     if kept {
         return Ok(());
     }
-    match ops {
-        // A collective alone is a plain call (no group to set up).
-        [Op::Coll { .. }] => {
+    match (space, ops) {
+        // A collective on device memory alone is queued on its stream.
+        #[cfg(feature = "cuda")]
+        (
+            MemorySpace::Device { ordinal, .. },
+            [Op::Coll {
+                kind,
+                send,
+                recv,
+                dtype,
+                op,
+                root,
+                premul: None,
+            }],
+        ) => {
+            // SAFETY: the caller's contract.
+            let e = unsafe { crate::comm::engine(comm, ordinal) }?;
+            // SAFETY: the program's stream of this device (its contract).
+            let s = unsafe { crate::memory::cuda::borrowed(e.cuda.context(), stream) };
+            // SAFETY: the caller's contract: the memory stays valid until
+            // the stream passes the call.
+            let w = unsafe {
+                e.cuda.enqueue_raw(
+                    *kind,
+                    send.map(|r| (r.addr as u64, r.len)),
+                    (recv.addr as u64, recv.len),
+                    *dtype,
+                    *op,
+                    *root,
+                    &s,
+                )
+            }?;
+            e.keep(w);
+            Ok(())
+        }
+        // A collective on host memory alone is a plain call (no group to
+        // set up), after its stream.
+        (MemorySpace::Host, [Op::Coll { .. }]) => {
             // SAFETY: the caller's contract.
             let c = unsafe { get(comm) }?;
+            wait_stream(stream)?;
             let mut scratch = Vec::new();
             // SAFETY: the caller's contract.
             let op = unsafe { prepare(ops[0], &mut scratch) }?;
@@ -152,7 +228,13 @@ pub(crate) unsafe fn submit(comm: ncclComm_t, ops: &[Op]) -> Result<(), Failure>
             Ok(())
         }
         // SAFETY: the caller's contract.
-        _ => unsafe { run_group(&ops.iter().map(|o| (comm, *o)).collect::<Vec<_>>()) },
+        _ => unsafe {
+            run_group(
+                &ops.iter()
+                    .map(|o| (comm, *o, stream as usize))
+                    .collect::<Vec<_>>(),
+            )
+        },
     }
 }
 
@@ -165,10 +247,17 @@ unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Fai
     match op {
         Op::Copy { dst, src } => {
             // SAFETY: the caller's contract: both are valid for their
-            // length (equal); they may overlap.
-            unsafe { std::ptr::copy(src.addr as *const u8, dst.addr as *mut u8, dst.len) };
+            // length (equal), in one space.
+            unsafe { copy(dst.space, dst.addr, src.addr, dst.len) }?;
             Ok(None)
         }
+        Op::Coll {
+            recv,
+            premul: Some(_),
+            ..
+        } if recv.space != MemorySpace::Host => Err(Failure::usage(
+            "a PreMulSum operator on device memory: its scaling runs on the host only, for now",
+        )),
         Op::Coll {
             kind,
             send,
@@ -221,16 +310,20 @@ unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Fai
     }
 }
 
-/// Run `calls` (each on its communicator) as one group per communicator,
-/// all at once; the first error.
+/// Run `calls` (each on its communicator, after its stream) as one group
+/// per communicator, all at once; the first error.
 ///
 /// # Safety
 /// As [`submit`], for every call.
-unsafe fn run_group(calls: &[(ncclComm_t, Op)]) -> Result<(), Failure> {
+unsafe fn run_group(calls: &[(ncclComm_t, Op, usize)]) -> Result<(), Failure> {
     let mut comms: Vec<ncclComm_t> = Vec::new();
-    for (c, _) in calls {
+    let mut streams: Vec<usize> = Vec::new();
+    for (c, _, s) in calls {
         if !comms.contains(c) {
             comms.push(*c);
+        }
+        if !streams.contains(s) {
+            streams.push(*s);
         }
     }
     // Check every communicator before anything runs.
@@ -238,13 +331,23 @@ unsafe fn run_group(calls: &[(ncclComm_t, Op)]) -> Result<(), Failure> {
         // SAFETY: the caller's contract.
         unsafe { get(*c) }?;
     }
+    // The inputs are ready once their streams are.
+    for s in streams {
+        wait_stream(s as cudaStream_t)?;
+    }
     let mut scratch = Vec::new();
     let mut works = Vec::new();
     for c in comms {
         // SAFETY: checked above.
         let comm = unsafe { get(c) }?;
         let mut mine = Vec::new();
-        for (_, op) in calls.iter().filter(|(k, _)| *k == c) {
+        for (_, op, _) in calls.iter().filter(|(k, _, _)| *k == c) {
+            #[cfg(feature = "cuda")]
+            if let MemorySpace::Device { ordinal, .. } = space_of_call(&[*op])? {
+                // The device's engine moves and reduces its memory.
+                // SAFETY: the caller's contract.
+                unsafe { crate::comm::engine(c, ordinal) }?;
+            }
             // SAFETY: the caller's contract.
             mine.extend(unsafe { prepare(*op, &mut scratch) }?);
         }
@@ -388,7 +491,7 @@ unsafe fn p2p(
     run(name, || {
         // SAFETY: the caller's contract.
         unsafe { get(comm) }?;
-        crate::coll::host_stream(stream)?;
+        crate::memory::check_stream(stream)?;
         let dtype = crate::types::data_type(datatype)?;
         let what = if send { "sendbuff" } else { "recvbuff" };
         let region = crate::coll::region(what, buf, count, dtype)?;
@@ -403,6 +506,7 @@ unsafe fn p2p(
                     dtype,
                     peer,
                 }],
+                stream,
             )
         }
     })

@@ -23,11 +23,11 @@
 //! - [`param`]: the parameter API and `ncclSetEncryption`; [`debug`]:
 //!   `NCCL_DEBUG`-style messages.
 //!
-//! Memory: host pointers with a null stream — the call completes before it
-//! returns (an extension: NVIDIA's NCCL takes device memory only). A
-//! non-null stream is refused with `ncclInvalidUsage` until the CUDA path
-//! (the `cuda` feature of oxccl) is wired here. Every entry point also
-//! exists as `pnccl*`, NCCL's profiling alias.
+//! Memory ([`memory`]): host pointers with a null stream — the call
+//! completes before it returns (an extension: NVIDIA's NCCL takes device
+//! memory only); with the `cuda` feature also device pointers, ordered on
+//! their stream as NCCL's. Every entry point also exists as `pnccl*`,
+//! NCCL's profiling alias.
 //!
 //! Every function of NVIDIA's `libnccl.so.2` 2.32 is here; what cannot be
 //! honoured on host memory (windows, the device-side API, TLS, a
@@ -52,6 +52,7 @@ pub mod group;
 pub mod id;
 pub mod init;
 pub mod mem;
+pub mod memory;
 pub mod param;
 pub mod redop;
 pub mod register;
