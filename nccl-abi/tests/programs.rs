@@ -193,6 +193,33 @@ fn after_a_peer_is_sigkilled_survivors_get_ncclremoteerror_naming_it() {
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
+/// The device program (`tests/c/device.c`: cudaMalloc'd buffers, calls
+/// queued on a stream) compiles against NVIDIA's headers; it runs where
+/// there is a GPU (`scripts/gpu-check`), not here.
+#[test]
+fn the_device_program_compiles_against_nvidias_headers() {
+    let Some((nccl_inc, cuda_inc)) = headers() else {
+        eprintln!("skipped: NVIDIA's nccl.h not found");
+        return;
+    };
+    let tmp = scratch("device");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/device.c");
+    let out = Command::new("cc")
+        .args(["-O1", "-Wall", "-Wextra", "-Werror", "-c", "-o"])
+        .arg(tmp.join("device.o"))
+        .arg(&src)
+        .arg(format!("-I{nccl_inc}"))
+        .arg(format!("-I{cuda_inc}"))
+        .output()
+        .expect("run cc");
+    assert!(
+        out.status.success(),
+        "cc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
 /// Every `nccl*` and `pncclX` symbol NVIDIA's `libnccl.so.2` (the same
 /// wheel as `nccl.h`) exports, ours exports too (what cannot be honoured
 /// answers `ncclInvalidUsage`; `scripts/nccl-coverage` tells which).
