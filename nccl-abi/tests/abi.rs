@@ -418,6 +418,26 @@ fn errors() {
         }
         assert_eq!(y, vec![2f32; 8]);
     });
+    // A mismatch: rank 0 all_reduces while rank 1 broadcasts. Both get
+    // ncclInvalidUsage at once, with both calls described.
+    with_ranks(2, |comm, r| {
+        let x = vec![1f32; 8];
+        let mut y = vec![0f32; 8];
+        // SAFETY: buffers of 8 floats, a live communicator.
+        let rc = unsafe {
+            match r {
+                0 => ncclAllReduce(p(&x), pm(&mut y), 8, FLOAT, SUM, comm, null_mut()),
+                _ => ncclBroadcast(p(&x), pm(&mut y), 8, FLOAT, 0, comm, null_mut()),
+            }
+        };
+        let why = last_error();
+        assert_eq!(rc, ncclInvalidUsage, "rank {r}: {why}");
+        let lower = why.to_lowercase();
+        assert!(
+            lower.contains("all_reduce") && lower.contains("broadcast"),
+            "rank {r}: {why}"
+        );
+    });
     let mut comm: ncclComm_t = null_mut();
     let bad = ncclUniqueId {
         internal: [b'x'; NCCL_UNIQUE_ID_BYTES],
