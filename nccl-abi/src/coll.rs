@@ -389,146 +389,43 @@ unsafe fn configured(
     }
 }
 
-export! {
-    /// `ncclAllReduceConfig`: `ncclAllReduce` with a per-call
-    /// configuration ([`crate::config::check_coll_config`]).
-    fn ncclAllReduceConfig / pncclAllReduceConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclAllReduceConfig", config, || {
-            ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream)
-        })
-    }
+/// The `nccl*Config` entry points: the plain call's arguments and a
+/// trailing `ncclCollConfig_t`.
+macro_rules! configured_calls {
+    ($($name:ident / $alias:ident => $plain:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        export! {
+            #[doc = concat!("`", stringify!($name), "`: `", stringify!($plain),
+                "` with a per-call configuration ([`check_coll_config`]).")]
+            fn $name / $alias($($arg: $ty,)* config: *const ncclCollConfig_t) {
+                configured(stringify!($name), config, || $plain($($arg),*))
+            }
+        }
+    )*};
 }
 
-export! {
-    /// `ncclBroadcastConfig`.
-    fn ncclBroadcastConfig / pncclBroadcastConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclBroadcastConfig", config, || {
-            ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream)
-        })
-    }
-}
-
-export! {
-    /// `ncclReduceConfig`.
-    fn ncclReduceConfig / pncclReduceConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclReduceConfig", config, || {
-            ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream)
-        })
-    }
-}
-
-export! {
-    /// `ncclAllGatherConfig`.
-    fn ncclAllGatherConfig / pncclAllGatherConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        sendcount: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclAllGatherConfig", config, || {
-            ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream)
-        })
-    }
-}
-
-export! {
-    /// `ncclReduceScatterConfig`.
-    fn ncclReduceScatterConfig / pncclReduceScatterConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        recvcount: usize,
-        datatype: ncclDataType_t,
-        op: ncclRedOp_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclReduceScatterConfig", config, || {
-            ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream)
-        })
-    }
-}
-
-export! {
-    /// `ncclAlltoAllConfig`.
-    fn ncclAlltoAllConfig / pncclAlltoAllConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclAlltoAllConfig", config, || {
-            ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream)
-        })
-    }
-}
-
-export! {
-    /// `ncclGatherConfig`.
-    fn ncclGatherConfig / pncclGatherConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclGatherConfig", config, || {
-            ncclGather(sendbuff, recvbuff, count, datatype, root, comm, stream)
-        })
-    }
-}
-
-export! {
-    /// `ncclScatterConfig`.
-    fn ncclScatterConfig / pncclScatterConfig(
-        sendbuff: *const c_void,
-        recvbuff: *mut c_void,
-        count: usize,
-        datatype: ncclDataType_t,
-        root: c_int,
-        comm: ncclComm_t,
-        stream: cudaStream_t,
-        config: *const ncclCollConfig_t,
-    ) {
-        configured("ncclScatterConfig", config, || {
-            ncclScatter(sendbuff, recvbuff, count, datatype, root, comm, stream)
-        })
-    }
+configured_calls! {
+    ncclAllReduceConfig / pncclAllReduceConfig => ncclAllReduce(sendbuff: *const c_void,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
+        comm: ncclComm_t, stream: cudaStream_t);
+    ncclBroadcastConfig / pncclBroadcastConfig => ncclBroadcast(sendbuff: *const c_void,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
+        comm: ncclComm_t, stream: cudaStream_t);
+    ncclReduceConfig / pncclReduceConfig => ncclReduce(sendbuff: *const c_void,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t,
+        root: c_int, comm: ncclComm_t, stream: cudaStream_t);
+    ncclAllGatherConfig / pncclAllGatherConfig => ncclAllGather(sendbuff: *const c_void,
+        recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t,
+        stream: cudaStream_t);
+    ncclReduceScatterConfig / pncclReduceScatterConfig => ncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize,
+        datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t);
+    ncclAlltoAllConfig / pncclAlltoAllConfig => ncclAlltoAll(sendbuff: *const c_void,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, comm: ncclComm_t,
+        stream: cudaStream_t);
+    ncclGatherConfig / pncclGatherConfig => ncclGather(sendbuff: *const c_void,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
+        comm: ncclComm_t, stream: cudaStream_t);
+    ncclScatterConfig / pncclScatterConfig => ncclScatter(sendbuff: *const c_void,
+        recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, root: c_int,
+        comm: ncclComm_t, stream: cudaStream_t);
 }

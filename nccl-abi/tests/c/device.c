@@ -6,14 +6,9 @@
  * id to the others through the file argv[1]. Needs a GPU: run by
  * scripts/gpu-check, compiled there with nvcc (or cc -lcudart).
  * Exit status 0 when everything held. */
+#include "harness.h"
 #include <cuda_runtime.h>
-#include <nccl.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
-
-static int rank, nranks, failures = 0;
 
 #define CUDA(call)                                                               \
   do {                                                                           \
@@ -24,52 +19,9 @@ static int rank, nranks, failures = 0;
     }                                                                            \
   } while (0)
 
-#define CHECK(call)                                                              \
-  do {                                                                           \
-    ncclResult_t r_ = (call);                                                    \
-    if (r_ != ncclSuccess) {                                                     \
-      fprintf(stderr, "rank %d: %s failed: %s (%s)\n", rank, #call,              \
-              ncclGetErrorString(r_), ncclGetLastError(NULL));                   \
-      exit(2);                                                                   \
-    }                                                                            \
-  } while (0)
-
-#define EXPECT(cond, ...)                                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "rank %d: ", rank);                                        \
-      fprintf(stderr, __VA_ARGS__);                                              \
-      fprintf(stderr, "\n");                                                     \
-      if (++failures > 20) exit(1);                                              \
-    }                                                                            \
-  } while (0)
-
-static void share_id(const char *path, ncclUniqueId *id) {
-  if (rank == 0) {
-    CHECK(ncclGetUniqueId(id));
-    char tmp[4096];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f || fwrite(id, sizeof *id, 1, f) != 1 || fclose(f) != 0) { perror(tmp); exit(2); }
-    if (rename(tmp, path) != 0) { perror(path); exit(2); }
-  } else {
-    for (int i = 0;; i++) {
-      FILE *f = fopen(path, "rb");
-      if (f) {
-        size_t got = fread(id, sizeof *id, 1, f);
-        fclose(f);
-        if (got == 1) break;
-      }
-      if (i > 6000) { fprintf(stderr, "rank %d: no unique id in %s\n", rank, path); exit(2); }
-      usleep(10000);
-    }
-  }
-}
-
 int main(int argc, char **argv) {
   if (argc < 2) { fprintf(stderr, "usage: %s ID_FILE\n", argv[0]); return 2; }
-  rank = atoi(getenv("RANK") ? getenv("RANK") : "0");
-  nranks = atoi(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "1");
+  place();
   CUDA(cudaSetDevice(0));
   cudaStream_t stream;
   CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
