@@ -73,6 +73,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_REQUIRE_NVRTC", &["2", "yes"]),
         ("OXCCL_REQUIRE_GPU", &["2"]),
         ("OXCCL_REQUIRE_LAUNCHERS", &["yes"]),
+        ("OXCCL_REQUIRE_NCCL_H", &["2"]),
         ("OXCCL_STAGING", &["never"]),
         (
             "OXCCL_TUNER_PROFILE",
