@@ -123,6 +123,46 @@ pub(crate) fn run_coll(
         .as_ref()
         .filter(|_| passed().next().is_some() && passed().all(|r| st.is_direct(inner, &r)))
         .map(|d| d.access());
+    // Small all_reduces among ranks of one host skip the schedule: every
+    // rank decides alike, from the call and the agreed settings (host
+    // memory aside: a rank passing device memory takes the general path,
+    // and a peer passing host memory then reports a mismatch). Registered
+    // buffers are named as a direct call names them, so ranks passing
+    // different ones disagree here too.
+    let input = send.unwrap_or(recv);
+    if st.small.is_some()
+        && input.space.is_host()
+        && recv.space.is_host()
+        && crate::executor::small::eligible(
+            c.kind,
+            c.count * c.dtype.size(),
+            inner.config.algo.is_some(),
+        )
+    {
+        inner.last_algorithm.store(
+            crate::comm::SMALL_PATH,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let id = |r: &Region| {
+            r.space
+                .registration()
+                .filter(|(comm, _)| *comm == inner.comm_id)
+                .map_or(0, |(_, id)| id)
+        };
+        let ids = match direct {
+            Some(_) => id(&input) << 32 | id(&recv) & 0xffff_ffff,
+            None => 0,
+        };
+        let len = c.count * c.dtype.size();
+        return inner.execute_small(
+            st,
+            c.fingerprint(),
+            ids,
+            Region { len, ..input },
+            Region { len, ..recv },
+            c.op == ReduceOp::Avg,
+        );
+    }
     let spec = CollSpec {
         kind: c.kind,
         rank: inner.rank,
@@ -145,7 +185,6 @@ pub(crate) fn run_coll(
         plan.index.wrapping_add(1),
         std::sync::atomic::Ordering::Relaxed,
     );
-    let input = send.unwrap_or(recv);
     let bufs = [input, recv];
     inner.execute(st, c.fingerprint(), &plan.sched, &bufs, plan.direct)
 }

@@ -104,6 +104,9 @@ pub(crate) struct State {
     call_timeout: Option<Duration>,
     /// Shared flag pages of this host's ranks (first `alloc_shared`).
     pub(crate) flags: Option<SyncFlags>,
+    /// Every rank's small page, when all ranks share this host
+    /// ([`executor::small`]).
+    pub(crate) small: Option<executor::small::SmallPages>,
     /// Shared buffers allocated so far (their ids).
     pub(crate) shared_allocs: u64,
     /// Registered buffers by id, for direct steps to find peers' memory.
@@ -488,7 +491,7 @@ impl Communicator {
             links = per_transport.join(" "),
             "oxccl communicator ready"
         );
-        Ok(Communicator {
+        let comm = Communicator {
             inner: Arc::new(Inner {
                 rank,
                 nranks,
@@ -506,6 +509,7 @@ impl Communicator {
                     control,
                     control_checked: Instant::now(),
                     flags: None,
+                    small: None,
                     shared_allocs: 0,
                     shared: Vec::new(),
                     sync_phase: 0,
@@ -532,6 +536,52 @@ impl Communicator {
                 hosted_root: id.hosted_root().cloned(),
             }),
             timeout: None,
+        };
+        comm.share_small_pages()?;
+        Ok(comm)
+    }
+
+    /// Map every rank's small page when all ranks share this host (the
+    /// host's direct access maps memory): the small-message path
+    /// ([`executor::small`]). Collective; nothing to do otherwise.
+    fn share_small_pages(&self) -> Result<()> {
+        let Some(d) = self
+            .inner
+            .direct
+            .clone()
+            .filter(|d| d.access() == crate::algorithms::Access::Mapped)
+        else {
+            return Ok(());
+        };
+        let (me, n) = (self.rank(), self.nranks());
+        let (own, handle) = d.export(executor::small::PAGE)?;
+        let mut rec = Vec::with_capacity(SMALL_RECORD);
+        crate::mem::shared::put_handle(&mut rec, &handle)?;
+        let mut all = vec![0u8; SMALL_RECORD * n];
+        self.all_gather(&rec, &mut all)?;
+        let mut peers: Vec<Option<Box<dyn crate::transport::Mapped>>> =
+            (0..n).map(|_| None).collect();
+        for k in (0..n).filter(|k| *k != me) {
+            let rec = &all[k * SMALL_RECORD..(k + 1) * SMALL_RECORD];
+            let h = crate::mem::shared::get_handle(rec, 0, k)?;
+            peers[k] = match d.import(k, h, executor::small::PAGE)? {
+                crate::transport::PeerMemory::Mapped(m) => Some(m),
+                crate::transport::PeerMemory::Remote(_) => {
+                    return Err(Error::Protocol(format!(
+                        "rank {k}'s small page is not mappable though direct access maps memory"
+                    )))
+                }
+            };
+        }
+        // Nobody may close its fds before every peer has opened them.
+        self.barrier()?;
+        // The program's first collective is #0 (in messages, as before):
+        // every rank made the same two calls, none is in flight, and the
+        // pages hold nothing yet (they come into use only now).
+        self.run(move |_, st| {
+            st.small = Some(executor::small::SmallPages::new(own, peers));
+            st.seq = 0;
+            Ok(())
         })
     }
 
@@ -582,6 +632,9 @@ impl Communicator {
     /// `None` before the first one.
     pub fn last_algorithm(&self) -> Option<&'static str> {
         let i = self.inner.last_algorithm.load(Ordering::Relaxed);
+        if i == SMALL_PATH {
+            return Some("small");
+        }
         i.checked_sub(1)
             .and_then(|i| algorithms::REGISTRY.get(i))
             .map(|a| a.name())
@@ -869,6 +922,12 @@ impl Communicator {
 /// Bytes per rank in the id exchange of `split`.
 const ID_RECORD: usize = 128;
 
+/// Bytes per rank in the small-page exchange: a handle's length and bytes.
+const SMALL_RECORD: usize = 1 + crate::mem::shared::HANDLE_MAX;
+
+/// `last_algorithm`'s value for the small-message path (not a schedule).
+pub(crate) const SMALL_PATH: usize = usize::MAX;
+
 impl Inner {
     fn abort(&self) {
         if self.aborted.swap(true, Ordering::AcqRel) {
@@ -1006,7 +1065,6 @@ impl Inner {
         let engine = st.net.engine_for(bufs)?;
         let seq = st.seq;
         st.seq += 1;
-        let during = executor::CallName { fp, seq };
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
         // Direct steps need the peers' memory of the call's registered
         // buffers, and mapped access the flag pages. (Every rank of a
@@ -1030,15 +1088,70 @@ impl Inner {
         } else {
             None
         };
-        // A failure elsewhere that was announced while this rank was between
-        // calls fails this call before it sends anything. (Checked at most
-        // once a millisecond: back-to-back calls would otherwise pay a system
-        // call each, and a failure still surfaces in any wait.)
-        if st.control_checked.elapsed() > Duration::from_millis(1) {
-            st.control_checked = Instant::now();
-            if let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() {
+        self.notice_before(
+            &mut st.control,
+            &mut st.control_checked,
+            &fp,
+            seq,
+            direct.as_ref(),
+        )?;
+        // A peer waiting for this call on the small-message path learns
+        // that this rank runs another.
+        if let Some(p) = &st.small {
+            p.publish_general(self.rank, &fp, seq);
+        }
+        let timeout = st.call_timeout.unwrap_or(self.config.timeout);
+        let mut cx = self.call_ctx(&mut st.control, timeout, fp, seq, direct);
+        executor::execute(sched, bufs, &mut st.net, engine, &mut cx)
+    }
+
+    /// Run an all_reduce on the small-message path ([`executor::small`];
+    /// the caller checked it applies: `st.small` is there, the call is
+    /// eligible, `input` and `output` are host memory).
+    pub(crate) fn execute_small(
+        &self,
+        st: &mut State,
+        fp: Fingerprint,
+        ids: u64,
+        input: Region,
+        output: Region,
+        avg: bool,
+    ) -> Result<()> {
+        let seq = st.seq;
+        st.seq += 1;
+        self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, None)?;
+        let timeout = st.call_timeout.unwrap_or(self.config.timeout);
+        let State {
+            net,
+            control,
+            small,
+            ..
+        } = st;
+        let pages = small.as_mut().ok_or_else(|| {
+            Error::Protocol("the small-message path without small pages (internal error)".into())
+        })?;
+        let mut cx = self.call_ctx(control, timeout, fp, seq, None);
+        executor::small::all_reduce(pages, net.host_engine(), &mut cx, ids, input, output, avg)
+    }
+
+    /// A failure elsewhere that was announced while this rank was between
+    /// calls fails call `seq` before it sends anything. (Checked at most
+    /// once a millisecond: back-to-back calls would otherwise pay a system
+    /// call each, and a failure still surfaces in any wait.)
+    fn notice_before(
+        &self,
+        control: &mut Control,
+        checked: &mut Instant,
+        fp: &Fingerprint,
+        seq: u64,
+        direct: Option<&DirectCtx<'_>>,
+    ) -> Result<()> {
+        if checked.elapsed() > Duration::from_millis(1) {
+            *checked = Instant::now();
+            if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {
                 // Described as the peers know this call (with its buffers).
-                let own = executor::describe_own(&fp, seq, direct.as_ref());
+                let own = executor::describe_own(fp, seq, direct);
+                let during = executor::CallName { fp: *fp, seq };
                 return Err(failure::notice_to_error(
                     n,
                     self.rank,
@@ -1048,8 +1161,19 @@ impl Inner {
                 ));
             }
         }
-        let timeout = st.call_timeout.unwrap_or(self.config.timeout);
-        let mut cx = CallCtx {
+        Ok(())
+    }
+
+    /// The executor's view of call `seq`.
+    fn call_ctx<'a>(
+        &'a self,
+        control: &'a mut Control,
+        timeout: Duration,
+        fp: Fingerprint,
+        seq: u64,
+        direct: Option<DirectCtx<'a>>,
+    ) -> CallCtx<'a> {
+        CallCtx {
             rank: self.rank,
             nranks: self.nranks,
             dtype: fp.dtype,
@@ -1060,15 +1184,14 @@ impl Inner {
             timeout,
             spin: self.config.spin,
             oversubscribed: self.oversubscribed,
-            during,
+            during: executor::CallName { fp, seq },
             peers: &self.peers,
-            control: &mut st.control,
+            control,
             sender: &self.sender,
             abort_fd: self.abort_fd.as_raw_fd(),
             aborted: &self.aborted,
             direct,
-        };
-        executor::execute(sched, bufs, &mut st.net, engine, &mut cx)
+        }
     }
 
     /// One monitored barrier (see `Communicator::monitored_barrier`).

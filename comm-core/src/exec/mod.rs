@@ -23,6 +23,7 @@
 mod call;
 mod direct;
 pub(crate) mod header;
+pub(crate) mod small;
 
 pub(crate) use call::{describe_call, CallCtx, CallName};
 
@@ -145,6 +146,11 @@ impl Net {
     /// buffer, else the first that reaches every buffer holding bytes (an
     /// empty `&[]` beside device memory). Zero-length device buffers still
     /// go to their device's engine: a staged schedule copies them.
+    /// The host engine (always the first).
+    pub(crate) fn host_engine(&mut self) -> &mut dyn Compute {
+        self.engines[0].as_mut()
+    }
+
     pub(crate) fn engine_for(&self, bufs: &[Region]) -> Result<usize> {
         let all = |e: &dyn Compute| bufs.iter().all(|b| e.reaches(b.space));
         let full = |e: &dyn Compute| bufs.iter().all(|b| b.len == 0 || e.reaches(b.space));

@@ -31,7 +31,7 @@ use std::sync::Arc;
 const PAGE: usize = 4096;
 /// Largest direct-access handle a transport may produce (bytes; a CUDA
 /// IPC handle is 64 of its own).
-const HANDLE_MAX: usize = 128;
+pub(crate) const HANDLE_MAX: usize = 128;
 /// Bytes per rank in the allocation exchange: length, can-share flag,
 /// handle length and handle, flag-page handle length and handle.
 const RECORD: usize = 8 + 1 + 2 * (1 + HANDLE_MAX);
@@ -130,7 +130,7 @@ impl MemoryRegistration {
 }
 
 /// Append a length-prefixed handle to an exchange record.
-fn put_handle(rec: &mut Vec<u8>, h: &[u8]) -> Result<()> {
+pub(crate) fn put_handle(rec: &mut Vec<u8>, h: &[u8]) -> Result<()> {
     if h.len() > HANDLE_MAX {
         return Err(Error::System(format!(
             "a direct-access handle of {} bytes exceeds {HANDLE_MAX}",
@@ -144,7 +144,7 @@ fn put_handle(rec: &mut Vec<u8>, h: &[u8]) -> Result<()> {
 }
 
 /// The handle at `at` of a peer's record (total: bad lengths are errors).
-fn get_handle(rec: &[u8], at: usize, peer: usize) -> Result<&[u8]> {
+pub(crate) fn get_handle(rec: &[u8], at: usize, peer: usize) -> Result<&[u8]> {
     let n = rec[at] as usize;
     if n > HANDLE_MAX {
         return Err(Error::Protocol(format!(
