@@ -133,9 +133,23 @@ fn check_len(what: &str, dst: usize, other: usize) {
     );
 }
 
+/// Below this many bytes a vector kernel's setup costs more than it saves
+/// (an 8-byte all_reduce spent 15 % of its time in the AVX-512 kernel's):
+/// the production entry points take the baseline kernel. Every ISA gives
+/// the same bits, so ranks need not agree on it.
+const TINY: usize = 64;
+
+/// The ISA for `len` elements of `T`: the detected one, baseline when tiny.
+fn isa_for<T>(len: usize) -> Isa {
+    match len * std::mem::size_of::<T>() < TINY {
+        true => Isa::Baseline,
+        false => Isa::detect(),
+    }
+}
+
 /// `dst[i] = a[i] op b[i]`. Panics if the lengths differ.
 pub fn reduce<T: Scalar>(op: Op, dst: &mut [T], a: &[T], b: &[T]) {
-    reduce_with(Isa::detect(), op, dst, a, b)
+    reduce_with(isa_for::<T>(dst.len()), op, dst, a, b)
 }
 
 /// [`reduce`] with an explicit ISA (tests and benchmarks).
@@ -151,7 +165,7 @@ pub fn reduce_with<T: Scalar>(isa: Isa, op: Op, dst: &mut [T], a: &[T], b: &[T])
 
 /// `dst[i] = dst[i] op src[i]`. Panics if the lengths differ.
 pub fn reduce_assign<T: Scalar>(op: Op, dst: &mut [T], src: &[T]) {
-    reduce_assign_with(Isa::detect(), op, dst, src)
+    reduce_assign_with(isa_for::<T>(dst.len()), op, dst, src)
 }
 
 /// [`reduce_assign`] with an explicit ISA.
@@ -168,7 +182,7 @@ pub fn reduce_assign_with<T: Scalar>(isa: Isa, op: Op, dst: &mut [T], src: &[T])
 /// every caller with the same sources in the same order gets the same bits).
 /// One source is a copy. Panics if `srcs` is empty or a length differs.
 pub fn reduce_n<T: Scalar>(op: Op, dst: &mut [T], srcs: &[&[T]]) {
-    reduce_n_with(Isa::detect(), op, dst, srcs)
+    reduce_n_with(isa_for::<T>(dst.len()), op, dst, srcs)
 }
 
 /// [`reduce_n`] with an explicit ISA.

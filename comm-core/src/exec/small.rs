@@ -64,9 +64,12 @@ pub(crate) fn eligible(kind: Kind, bytes: usize, forced: bool) -> bool {
 
 /// This host's ranks' small pages (all of the communicator's ranks).
 pub(crate) struct SmallPages {
-    own: Box<dyn Mapped>,
-    /// Peers' pages by rank (None for this rank).
-    peers: Vec<Option<Box<dyn Mapped>>>,
+    /// Every rank's page by rank (this rank's own, peers' imported); kept
+    /// for their lifetime: `base` points into them.
+    _own: Box<dyn Mapped>,
+    _peers: Vec<Option<Box<dyn Mapped>>>,
+    /// Where each rank's page is mapped here.
+    base: Vec<usize>,
     /// `s + 1` of the call that last wrote each of this rank's slots.
     written: [u64; 2],
     /// The slots a call combines (kept: a warm call allocates nothing).
@@ -76,19 +79,23 @@ pub(crate) struct SmallPages {
 impl SmallPages {
     pub(crate) fn new(own: Box<dyn Mapped>, peers: Vec<Option<Box<dyn Mapped>>>) -> SmallPages {
         let n = peers.len();
+        let base = (0..n)
+            .map(|k| match &peers[k] {
+                Some(m) => m.region().addr,
+                None => own.region().addr,
+            })
+            .collect();
         SmallPages {
-            own,
-            peers,
+            _own: own,
+            _peers: peers,
+            base,
             written: [0; 2],
             srcs: Vec::with_capacity(n),
         }
     }
 
     fn page(&self, rank: usize) -> *mut u8 {
-        match self.peers.get(rank).and_then(|p| p.as_ref()) {
-            Some(m) => m.region().ptr(),
-            None => self.own.region().ptr(),
-        }
+        self.base[rank] as *mut u8
     }
 
     fn word32(&self, rank: usize, at: usize) -> &AtomicU32 {
