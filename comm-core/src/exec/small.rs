@@ -330,6 +330,11 @@ fn wait_for(
             crate::sys::futex_wait(v, seen, SLEEP_SLICE);
         }
         w.fetch_sub(1, Ordering::SeqCst);
+        // A peer that published and then ended (its last call done) is
+        // no failure: look before judging.
+        if let Peer::Ready = look(pages)? {
+            return Ok(());
+        }
         if let Some(ControlEvent::Notice(n)) = cx.control.poll() {
             return Err(cx.notice_error(n));
         }
