@@ -540,3 +540,54 @@ fn queued_region_calls_always_report_their_end_exactly_once() {
         );
     });
 }
+
+/// The small-message path takes small all_reduces among the ranks of one
+/// host (shared memory) and nothing else: not larger ones, not other
+/// collectives, not over TCP, not when an algorithm is forced; results
+/// exact in every case (every rank combines in rank order), in place too.
+#[test]
+fn small_all_reduces_on_one_host_take_the_small_path() {
+    let ran = |cfg: Config, count: usize, in_place: bool| -> Vec<Option<&'static str>> {
+        with_ranks(3, cfg, |c| {
+            let mine: Vec<f32> = (0..count).map(|i| (c.rank() * 1000 + i) as f32).collect();
+            let mut out = vec![0f32; count];
+            if in_place {
+                out.copy_from_slice(&mine);
+                c.all_reduce_in_place(&mut out, ReduceOp::Sum).unwrap();
+            } else {
+                c.all_reduce(&mine, &mut out, ReduceOp::Sum).unwrap();
+            }
+            for (i, v) in out.iter().enumerate() {
+                assert_eq!(*v, (3000 + 3 * i) as f32, "element {i} of {count}");
+            }
+            c.last_algorithm()
+        })
+    };
+    for (count, in_place) in [(1, false), (2, true), (1024, false), (1024, true)] {
+        assert!(
+            ran(test_config(), count, in_place)
+                .iter()
+                .all(|a| *a == Some("small")),
+            "{count} floats"
+        );
+    }
+    // 4 KiB + 4 bytes per rank: the general path.
+    assert!(ran(test_config(), 1025, false)
+        .iter()
+        .all(|a| *a != Some("small")));
+    assert!(ran(tcp_config(), 2, false)
+        .iter()
+        .all(|a| *a != Some("small")));
+    let forced = Config {
+        algo: Some("ring".into()),
+        ..test_config()
+    };
+    assert!(ran(forced, 2, false).iter().all(|a| *a == Some("ring")));
+    // Other collectives do not take it.
+    let algs = with_ranks(3, test_config(), |c| {
+        let mut b = [1f32; 3];
+        c.all_gather_in_place(&mut b).unwrap();
+        c.last_algorithm()
+    });
+    assert!(algs.iter().all(|a| *a != Some("small")), "{algs:?}");
+}
