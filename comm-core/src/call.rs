@@ -78,6 +78,24 @@ impl Fingerprint {
         })
     }
 
+    /// The 16 encoded bytes as two words, for shared-memory pages where
+    /// ranks publish their call with atomic stores.
+    pub fn to_words(&self) -> [u64; 2] {
+        let b = self.encode();
+        [
+            u64::from_le_bytes(b[..8].try_into().unwrap()),
+            u64::from_le_bytes(b[8..].try_into().unwrap()),
+        ]
+    }
+
+    /// [`Fingerprint::to_words`] back (`None` when they do not decode).
+    pub fn from_words(w: [u64; 2]) -> Option<Fingerprint> {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&w[0].to_le_bytes());
+        b[8..].copy_from_slice(&w[1].to_le_bytes());
+        Fingerprint::decode(&b)
+    }
+
     /// Whether two ranks' calls are the same call. Fields that do not apply
     /// to the kind (op of a broadcast, root of an all_reduce) are ignored.
     pub fn agrees_with(&self, other: &Fingerprint) -> bool {

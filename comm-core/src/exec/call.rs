@@ -172,6 +172,22 @@ impl CallCtx<'_> {
         }
     }
 
+    /// After one slice of sleeping on `peer`'s word in shared memory
+    /// (which wakes no fd): a failure notice that came meanwhile, or the
+    /// peer's process gone. A peer that ended after failing itself (its
+    /// error already on its way through the root) is not the cause: the
+    /// notice wins, as for a closed link.
+    pub(super) fn after_slice(&mut self, peer: usize) -> Result<()> {
+        if let Some(ControlEvent::Notice(n)) = self.control.poll() {
+            return Err(self.notice_error(n));
+        }
+        let pid = self.peers.get(peer).map_or(0, |p| p.pid);
+        if pid != 0 && crate::sys::process_gone(pid) {
+            return Err(self.lost(peer, format!("its process (pid {pid}) no longer exists")));
+        }
+        Ok(())
+    }
+
     /// A peer's connection broke: the control plane's explanation, else
     /// `failure::closed_link`'s verdict.
     pub(super) fn lost(&mut self, peer: usize, detail: String) -> Error {

@@ -168,15 +168,9 @@ pub(crate) fn arrive(
     let f = dx.flags()?;
     if let Some((fp, seq)) = first {
         let call = f.call(me);
-        let b = fp.encode();
-        call[0].store(
-            u64::from_le_bytes(b[..8].try_into().unwrap()),
-            Ordering::Relaxed,
-        );
-        call[1].store(
-            u64::from_le_bytes(b[8..].try_into().unwrap()),
-            Ordering::Relaxed,
-        );
+        let [x, y] = fp.to_words();
+        call[0].store(x, Ordering::Relaxed);
+        call[1].store(y, Ordering::Relaxed);
         call[2].store(seq, Ordering::Relaxed);
         call[3].store(dx.ids(), Ordering::Relaxed);
     }
@@ -205,10 +199,10 @@ pub(crate) fn lagging(
         }
         if let Some((fp, seq)) = first {
             let c = f.call(k);
-            let mut b = [0u8; 16];
-            b[..8].copy_from_slice(&c[0].load(Ordering::Relaxed).to_le_bytes());
-            b[8..].copy_from_slice(&c[1].load(Ordering::Relaxed).to_le_bytes());
-            let theirs = Fingerprint::decode(&b);
+            let theirs = Fingerprint::from_words([
+                c[0].load(Ordering::Relaxed),
+                c[1].load(Ordering::Relaxed),
+            ]);
             let (their_seq, their_ids) =
                 (c[2].load(Ordering::Relaxed), c[3].load(Ordering::Relaxed));
             let ids = dx.ids();

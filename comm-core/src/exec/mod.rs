@@ -976,15 +976,5 @@ fn sync_sleep(cx: &mut CallCtx<'_>, sleep: &Sleep, peer: usize, target: u32) -> 
         }));
     }
     direct::sleep_on(direct_ctx(cx)?, peer, target)?;
-    if let Some(ControlEvent::Notice(n)) = cx.control.poll() {
-        return Err(cx.notice_error(n));
-    }
-    let pid = cx.peers.get(peer).map_or(0, |p| p.pid);
-    if pid != 0 && crate::sys::process_gone(pid) {
-        // A peer that ended after failing itself (its error already on its
-        // way through the root) is not the cause: wait for the notice, as
-        // for a closed link.
-        return Err(cx.lost(peer, format!("its process (pid {pid}) no longer exists")));
-    }
-    Ok(())
+    cx.after_slice(peer)
 }

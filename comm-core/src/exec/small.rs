@@ -27,7 +27,6 @@
 
 use super::call::CallCtx;
 use super::direct::{describe, reached, SLEEP_SLICE};
-use crate::bootstrap::ControlEvent;
 use crate::call::{Fingerprint, Kind};
 use crate::compute::Compute;
 use crate::error::{Error, Result};
@@ -152,26 +151,11 @@ impl SmallPages {
     /// waiting for it on the small path reports the mismatch).
     pub(crate) fn publish_general(&self, me: usize, fp: &Fingerprint, seq: u64) {
         let [s, a, b] = self.general(me);
-        let (x, y) = words(fp);
+        let [x, y] = fp.to_words();
         a.store(x, Ordering::Relaxed);
         b.store(y, Ordering::Relaxed);
         s.store(seq + 1, Ordering::Release);
     }
-}
-
-fn words(fp: &Fingerprint) -> (u64, u64) {
-    let b = fp.encode();
-    (
-        u64::from_le_bytes(b[..8].try_into().unwrap()),
-        u64::from_le_bytes(b[8..].try_into().unwrap()),
-    )
-}
-
-fn unwords(x: u64, y: u64) -> Option<Fingerprint> {
-    let mut b = [0u8; 16];
-    b[..8].copy_from_slice(&x.to_le_bytes());
-    b[8..].copy_from_slice(&y.to_le_bytes());
-    Fingerprint::decode(&b)
 }
 
 /// How a peer stands for this call.
@@ -218,7 +202,7 @@ pub(crate) fn all_reduce(
     // SAFETY: the caller's input holds `len` readable bytes; the slot is
     // this rank's, `SLOT >= len` bytes, and no peer reads it now (step 1).
     unsafe { std::ptr::copy_nonoverlapping(input.addr as *const u8, mine.addr as *mut u8, len) };
-    let (x, y) = words(&fp);
+    let [x, y] = fp.to_words();
     let [a, b, s, i] = pages.published(me, q);
     a.store(x, Ordering::Relaxed);
     b.store(y, Ordering::Relaxed);
@@ -238,7 +222,10 @@ pub(crate) fn all_reduce(
             {
                 let [a, b, _, i] = p.published(k, q);
                 let their_ids = i.load(Ordering::Relaxed);
-                return match unwords(a.load(Ordering::Relaxed), b.load(Ordering::Relaxed)) {
+                return match Fingerprint::from_words([
+                    a.load(Ordering::Relaxed),
+                    b.load(Ordering::Relaxed),
+                ]) {
                     Some(t) if t.agrees_with(&fp) && their_ids == ids => Ok(Peer::Ready),
                     theirs => Err(mismatch(&fp, ids, k, seq, theirs, their_ids)),
                 };
@@ -246,7 +233,10 @@ pub(crate) fn all_reduce(
             // A peer on the general path for this call runs another call.
             let [gs, ga, gb] = p.general(k);
             if gs.load(Ordering::Acquire) == target {
-                let theirs = unwords(ga.load(Ordering::Relaxed), gb.load(Ordering::Relaxed));
+                let theirs = Fingerprint::from_words([
+                    ga.load(Ordering::Relaxed),
+                    gb.load(Ordering::Relaxed),
+                ]);
                 return Err(mismatch(&fp, ids, k, seq, theirs, 0));
             }
             Ok(Peer::NotYet)
@@ -335,12 +325,6 @@ fn wait_for(
         if let Peer::Ready = look(pages)? {
             return Ok(());
         }
-        if let Some(ControlEvent::Notice(n)) = cx.control.poll() {
-            return Err(cx.notice_error(n));
-        }
-        let pid = cx.peers.get(k).map_or(0, |p| p.pid);
-        if pid != 0 && crate::sys::process_gone(pid) {
-            return Err(cx.lost(k, format!("its process (pid {pid}) no longer exists")));
-        }
+        cx.after_slice(k)?;
     }
 }
