@@ -6,7 +6,7 @@
 use crate::comm::{count, get, ncclComm_t};
 use crate::config::{check_coll_config, ncclCollConfig_t};
 use crate::export;
-use crate::group::{submit, Op};
+use crate::group::{submit, Coll, Op};
 use crate::memory::{check_stream, space_of};
 use crate::redop::resolve;
 use crate::result::{run, Failure};
@@ -68,7 +68,7 @@ unsafe fn collective(
             .map(|(p, n)| region("sendbuff", p, n, dtype))
             .transpose()?;
         let recv = region("recvbuff", recv.0, recv.1, dtype)?;
-        let op = Op::Coll {
+        let op = Op::Coll(Coll {
             kind,
             send,
             recv,
@@ -76,7 +76,7 @@ unsafe fn collective(
             op,
             root,
             premul,
-        };
+        });
         // SAFETY: the caller's contract: the buffers hold the elements
         // nccl.h says, stay valid until the call (or its group) completes
         // and nothing else writes them meanwhile.

@@ -31,18 +31,53 @@ pub(crate) enum Op {
         dtype: DataType,
         peer: usize,
     },
-    Coll {
-        kind: Kind,
-        send: Option<Region>,
-        recv: Region,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        /// A made operator's scalar: the input is multiplied by it first.
-        premul: Option<Scalar>,
-    },
+    Coll(Coll),
     /// `dst = src`, this rank's own part of a gather or scatter.
-    Copy { dst: Region, src: Region },
+    Copy {
+        dst: Region,
+        src: Region,
+    },
+}
+
+/// A collective, decoded and checked (oxccl's untyped form).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Coll {
+    pub kind: Kind,
+    pub send: Option<Region>,
+    pub recv: Region,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: usize,
+    /// A made operator's scalar: the input is multiplied by it first.
+    pub premul: Option<Scalar>,
+}
+
+impl Coll {
+    /// Run it on `c` now (complete when it returns).
+    ///
+    /// # Safety
+    /// As [`Communicator::collective_regions`](oxccl::CoreCommunicator::collective_regions).
+    unsafe fn run(&self, c: &oxccl::Communicator) -> oxccl::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            c.collective_regions(
+                self.kind, self.send, self.recv, self.dtype, self.op, self.root,
+            )
+        }
+    }
+
+    /// Add it to group `g`.
+    ///
+    /// # Safety
+    /// As `Group::collective_regions`, until the group completes.
+    unsafe fn add_to(&self, g: &mut oxccl::Group<'_>) -> oxccl::Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            g.collective_regions(
+                self.kind, self.send, self.recv, self.dtype, self.op, self.root,
+            )
+        }
+    }
 }
 
 /// What `ncclGroupEnd` waits for besides the calls: communicators being
@@ -115,7 +150,7 @@ impl Op {
     fn regions(&self) -> Vec<Region> {
         match *self {
             Op::P2p { region, .. } => vec![region],
-            Op::Coll { send, recv, .. } => send.into_iter().chain([recv]).collect(),
+            Op::Coll(c) => c.send.into_iter().chain([c.recv]).collect(),
             Op::Copy { dst, src } => vec![dst, src],
         }
     }
@@ -170,32 +205,22 @@ pub(crate) unsafe fn submit(
     match (space, ops) {
         // A collective on device memory alone is queued on its stream.
         #[cfg(feature = "cuda")]
-        (
-            MemorySpace::Device { ordinal, .. },
-            [Op::Coll {
-                kind,
-                send,
-                recv,
-                dtype,
-                op,
-                root,
-                premul: None,
-            }],
-        ) => {
+        (MemorySpace::Device { ordinal, .. }, [Op::Coll(c)]) if c.premul.is_none() => {
             // SAFETY: the caller's contract.
             let e = unsafe { crate::comm::engine(comm, ordinal) }?;
             // SAFETY: the program's stream of this device (its contract).
             let s = unsafe { crate::memory::cuda::borrowed(e.cuda.context(), stream) };
+            let bytes = |r: Region| (r.addr as u64, r.len);
             // SAFETY: the caller's contract: the memory stays valid until
             // the stream passes the call.
             let w = unsafe {
                 e.cuda.enqueue_raw(
-                    *kind,
-                    send.map(|r| (r.addr as u64, r.len)),
-                    (recv.addr as u64, recv.len),
-                    *dtype,
-                    *op,
-                    *root,
+                    c.kind,
+                    c.send.map(bytes),
+                    bytes(c.recv),
+                    c.dtype,
+                    c.op,
+                    c.root,
                     &s,
                 )
             }?;
@@ -204,26 +229,16 @@ pub(crate) unsafe fn submit(
         }
         // A collective on host memory alone is a plain call (no group to
         // set up), after its stream.
-        (MemorySpace::Host, [Op::Coll { .. }]) => {
+        (MemorySpace::Host, [Op::Coll(_)]) => {
             // SAFETY: the caller's contract.
             let c = unsafe { get(comm) }?;
             wait_stream(stream)?;
             let mut scratch = Vec::new();
             // SAFETY: the caller's contract.
-            let op = unsafe { prepare(ops[0], &mut scratch) }?;
-            if let Some(Op::Coll {
-                kind,
-                send,
-                recv,
-                dtype,
-                op,
-                root,
-                ..
-            }) = op
-            {
+            if let Some(Op::Coll(call)) = unsafe { prepare(ops[0], &mut scratch) }? {
                 // SAFETY: the caller's contract (the call completes before
                 // it returns); the scratch lives until then.
-                unsafe { c.collective_regions(kind, send, recv, dtype, op, root) }?;
+                unsafe { call.run(c) }?;
             }
             Ok(())
         }
@@ -251,22 +266,20 @@ unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Fai
             unsafe { copy(dst.space, dst.addr, src.addr, dst.len) }?;
             Ok(None)
         }
-        Op::Coll {
-            recv,
-            premul: Some(_),
-            ..
-        } if recv.space != MemorySpace::Host => Err(Failure::usage(
-            "a PreMulSum operator on device memory: its scaling runs on the host only, for now",
-        )),
-        Op::Coll {
-            kind,
-            send,
-            recv,
-            dtype,
-            op,
-            root,
-            premul: Some(s),
-        } => {
+        Op::Coll(c) if c.premul.is_some() && c.recv.space != MemorySpace::Host => {
+            Err(Failure::usage(
+                "a PreMulSum operator on device memory: its scaling runs on the host only, for now",
+            ))
+        }
+        Op::Coll(
+            c @ Coll {
+                send,
+                recv,
+                dtype,
+                premul: Some(s),
+                ..
+            },
+        ) => {
             let send = match send {
                 // In place: the input is overwritten by the result anyway.
                 None => {
@@ -296,15 +309,11 @@ unsafe fn prepare(op: Op, scratch: &mut Vec<Vec<u64>>) -> Result<Option<Op>, Fai
                     })
                 }
             };
-            Ok(Some(Op::Coll {
-                kind,
+            Ok(Some(Op::Coll(Coll {
                 send,
-                recv,
-                dtype,
-                op,
-                root,
                 premul: None,
-            }))
+                ..c
+            })))
         }
         other => Ok(Some(other)),
     }
@@ -364,15 +373,7 @@ unsafe fn run_group(calls: &[(ncclComm_t, Op, usize)]) -> Result<(), Failure> {
                             dtype,
                             peer,
                         } => g.p2p_region(send, region, dtype, peer),
-                        Op::Coll {
-                            kind,
-                            send,
-                            recv,
-                            dtype,
-                            op,
-                            root,
-                            ..
-                        } => g.collective_regions(kind, send, recv, dtype, op, root),
+                        Op::Coll(c) => c.add_to(g),
                         Op::Copy { .. } => Ok(()),
                     }
                 }?;

@@ -62,6 +62,22 @@ pub mod types;
 
 pub use result::ncclResult_t;
 
+/// Put `x` in the first free entry of a handle table (a new one at the
+/// end when none is free) and return its index: the operators and the
+/// registrations of a communicator.
+pub(crate) fn store<T>(table: &mut Vec<Option<T>>, x: T) -> usize {
+    match table.iter().position(Option::is_none) {
+        Some(i) => {
+            table[i] = Some(x);
+            i
+        }
+        None => {
+            table.push(Some(x));
+            table.len() - 1
+        }
+    }
+}
+
 /// Define `nccl<Name>` and its profiling alias `pnccl<Name>` with one body.
 macro_rules! export {
     ($(#[$m:meta])* fn $name:ident / $alias:ident ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {

@@ -158,17 +158,7 @@ export! {
                 r => return Err(Failure::invalid(format!("residence {r} is not an ncclScalarResidence_t"))),
             };
             let mut ops = h.ops.lock().unwrap_or_else(|p| p.into_inner());
-            let made = Some(PreMulSum { dtype, scalar });
-            let i = match ops.0.iter().position(Option::is_none) {
-                Some(i) => {
-                    ops.0[i] = made;
-                    i
-                }
-                None => {
-                    ops.0.push(made);
-                    ops.0.len() - 1
-                }
-            };
+            let i = crate::store(&mut ops.0, PreMulSum { dtype, scalar });
             let handle = c_int::try_from(i)
                 .ok()
                 .and_then(|i| i.checked_add(NUM_OPS))

@@ -35,17 +35,7 @@ export! {
                 return Err(Failure::invalid("handle is NULL"));
             }
             let mut r = h.registered.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = Some((buff as usize, size));
-            let i = match r.0.iter().position(Option::is_none) {
-                Some(i) => {
-                    r.0[i] = entry;
-                    i
-                }
-                None => {
-                    r.0.push(entry);
-                    r.0.len() - 1
-                }
-            };
+            let i = crate::store(&mut r.0, (buff as usize, size));
             // SAFETY: non-null; the caller gives room for a handle.
             unsafe { put("handle", handle_, (i + 1) as *mut c_void) }
         })
