@@ -123,21 +123,23 @@ pub(crate) fn run_coll(
         .as_ref()
         .filter(|_| passed().next().is_some() && passed().all(|r| st.is_direct(inner, &r)))
         .map(|d| d.access());
-    // Small all_reduces among ranks of one host skip the schedule: every
-    // rank decides alike, from the call and the agreed settings (host
-    // memory aside: a rank passing device memory takes the general path,
-    // and a peer passing host memory then reports a mismatch). Registered
+    // Small calls among ranks of one host skip the schedule: every rank
+    // decides alike, from the call and the agreed settings (host memory
+    // aside: a rank passing device memory takes the general path, and a
+    // peer passing host memory then reports a mismatch). Registered
     // buffers are named as a direct call names them, so ranks passing
     // different ones disagree here too.
     let input = send.unwrap_or(recv);
+    let small = crate::executor::small::SmallCall {
+        kind: c.kind,
+        root: c.root,
+        bytes: c.count * c.dtype.size(),
+        avg: c.op == ReduceOp::Avg,
+    };
     if st.small.is_some()
         && input.space.is_host()
         && recv.space.is_host()
-        && crate::executor::small::eligible(
-            c.kind,
-            c.count * c.dtype.size(),
-            inner.config.algo.is_some(),
-        )
+        && crate::executor::small::eligible(&small, inner.nranks, inner.config.algo.is_some())
     {
         inner.last_algorithm.store(
             crate::comm::SMALL_PATH,
@@ -153,15 +155,7 @@ pub(crate) fn run_coll(
             Some(_) => id(&input) << 32 | id(&recv) & 0xffff_ffff,
             None => 0,
         };
-        let len = c.count * c.dtype.size();
-        return inner.execute_small(
-            st,
-            c.fingerprint(),
-            ids,
-            Region { len, ..input },
-            Region { len, ..recv },
-            c.op == ReduceOp::Avg,
-        );
+        return inner.execute_small(st, c.fingerprint(), small, ids, input, recv);
     }
     let spec = CollSpec {
         kind: c.kind,

@@ -1105,17 +1105,17 @@ impl Inner {
         executor::execute(sched, bufs, &mut st.net, engine, &mut cx)
     }
 
-    /// Run an all_reduce on the small-message path ([`executor::small`];
+    /// Run a collective on the small-message path ([`executor::small`];
     /// the caller checked it applies: `st.small` is there, the call is
     /// eligible, `input` and `output` are host memory).
     pub(crate) fn execute_small(
         &self,
         st: &mut State,
         fp: Fingerprint,
+        call: executor::small::SmallCall,
         ids: u64,
         input: Region,
         output: Region,
-        avg: bool,
     ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
@@ -1131,7 +1131,7 @@ impl Inner {
             Error::Protocol("the small-message path without small pages (internal error)".into())
         })?;
         let mut cx = self.call_ctx(control, timeout, fp, seq, None);
-        executor::small::all_reduce(pages, net.host_engine(), &mut cx, ids, input, output, avg)
+        executor::small::run(pages, net.host_engine(), &mut cx, call, ids, input, output)
     }
 
     /// A failure elsewhere that was announced while this rank was between

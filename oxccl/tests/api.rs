@@ -583,11 +583,145 @@ fn small_all_reduces_on_one_host_take_the_small_path() {
         ..test_config()
     };
     assert!(ran(forced, 2, false).iter().all(|a| *a == Some("ring")));
-    // Other collectives do not take it.
-    let algs = with_ranks(3, test_config(), |c| {
-        let mut b = [1f32; 3];
-        c.all_gather_in_place(&mut b).unwrap();
-        c.last_algorithm()
+}
+
+/// Rank `k`'s element `i` in call `call` of the mixed sequence below.
+fn small_value(k: usize, i: usize, call: usize) -> f32 {
+    (k * 1000 + i + call) as f32
+}
+
+/// One call of a mixed sequence on 3 ranks: every collective, in and out
+/// of place, roots and sizes drawn alike on every rank (the same seed),
+/// some just over the small path's 4 KiB slot. Checks the output exactly
+/// and returns whether it took the small path.
+fn small_call(c: &Communicator, call: usize, draw: u64) -> bool {
+    let (n, me) = (c.nranks(), c.rank());
+    let kind = draw % 7;
+    let in_place = (draw >> 3) % 2 == 1;
+    let root = (draw >> 4) as usize % n;
+    // Elements per rank: at most the slot, or just over it.
+    let over = (draw >> 6) % 4 == 0;
+    let per_slot = if matches!(kind, 2 | 5) { 1024 / n } else { 1024 };
+    let count = if over {
+        per_slot + 1
+    } else {
+        1 + (draw >> 8) as usize % per_slot
+    };
+    let v = |k: usize, i: usize| small_value(k, i, call);
+    let mine = |len: usize| (0..len).map(|i| v(me, i)).collect::<Vec<f32>>();
+    let sum = |i: usize| (0..n).map(|k| v(k, i)).sum::<f32>();
+    let (out, want): (Vec<f32>, Vec<f32>) = match kind {
+        0 => {
+            let mut out = mine(count);
+            if in_place {
+                c.all_reduce_in_place(&mut out, ReduceOp::Sum).unwrap();
+            } else {
+                c.all_reduce(&mine(count), &mut out, ReduceOp::Sum).unwrap();
+            }
+            (out, (0..count).map(sum).collect())
+        }
+        1 => {
+            let mut out = vec![0f32; n * count];
+            if in_place {
+                out[me * count..][..count].copy_from_slice(&mine(count));
+                c.all_gather_in_place(&mut out).unwrap();
+            } else {
+                c.all_gather(&mine(count), &mut out).unwrap();
+            }
+            let want = (0..n * count).map(|j| v(j / count, j % count)).collect();
+            (out, want)
+        }
+        2 => {
+            let want = (0..count).map(|i| sum(me * count + i)).collect();
+            if in_place {
+                let mut buf = mine(n * count);
+                c.reduce_scatter_in_place(&mut buf, ReduceOp::Sum).unwrap();
+                (buf[me * count..][..count].to_vec(), want)
+            } else {
+                let mut out = vec![0f32; count];
+                c.reduce_scatter(&mine(n * count), &mut out, ReduceOp::Sum)
+                    .unwrap();
+                (out, want)
+            }
+        }
+        3 => {
+            let mut out = if me == root { mine(count) } else { vec![0f32; count] };
+            if in_place {
+                c.broadcast_in_place(&mut out, root).unwrap();
+            } else {
+                c.broadcast(&mine(count), &mut out, root).unwrap();
+            }
+            (out, (0..count).map(|i| v(root, i)).collect())
+        }
+        4 => {
+            let mut out = mine(count);
+            if in_place {
+                c.reduce_in_place(&mut out, ReduceOp::Sum, root).unwrap();
+            } else {
+                c.reduce(&mine(count), &mut out, ReduceOp::Sum, root)
+                    .unwrap();
+            }
+            match me == root {
+                true => (out, (0..count).map(sum).collect()),
+                // A non-root's buffer is its own.
+                false => (out, mine(count)),
+            }
+        }
+        5 => {
+            let mut out = mine(n * count);
+            if in_place {
+                c.all_to_all_in_place(&mut out).unwrap();
+            } else {
+                c.all_to_all(&mine(n * count), &mut out).unwrap();
+            }
+            let want = (0..n * count)
+                .map(|j| v(j / count, me * count + j % count))
+                .collect();
+            (out, want)
+        }
+        _ => {
+            c.barrier().unwrap();
+            (vec![], vec![])
+        }
+    };
+    assert!(
+        out == want,
+        "call {call} (kind {kind}, {count} elements, in place {in_place}, root {root}) on rank {me}"
+    );
+    c.last_algorithm() == Some("small")
+}
+
+#[test]
+fn small_calls_of_every_collective_on_one_host_take_the_small_path() {
+    // The same draws on every rank: a mixed sequence exercises the reuse
+    // of slots across collectives that write and read them differently
+    // (a broadcast's receivers write nothing, a reduce's non-roots read
+    // nothing).
+    let draws: Vec<u64> = {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        (0..400)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x
+            })
+            .collect()
+    };
+    let took = with_ranks(3, test_config(), |c| {
+        draws
+            .iter()
+            .enumerate()
+            .map(|(call, d)| small_call(&c, call, *d))
+            .collect::<Vec<bool>>()
     });
-    assert!(algs.iter().all(|a| *a != Some("small")), "{algs:?}");
+    for (call, d) in draws.iter().enumerate() {
+        let over = (d >> 6) % 4 == 0 && d % 7 != 6;
+        for (rank, t) in took.iter().enumerate() {
+            assert_eq!(t[call], !over, "call {call} (kind {}) on rank {rank}", d % 7);
+        }
+    }
+    // Over TCP, never.
+    let took = with_ranks(3, tcp_config(), |c| small_call(&c, 0, 3));
+    assert!(took.iter().all(|t| !t));
 }

@@ -1,6 +1,8 @@
 //! Fault-injection matrix: {TCP, shm} x {all_reduce, all_gather,
-//! reduce_scatter, broadcast, send/recv} x {kill rank 0 (the root), a middle
-//! rank, the last rank} x {early in the call, mid-transfer}. Four ranks run
+//! reduce_scatter, broadcast, reduce, all_to_all, send/recv} x {kill rank 0
+//! (the root), a middle rank, the last rank} x {early in the call,
+//! mid-transfer, early in a small call (1 KiB: over shared memory, the
+//! small-message path)}. Four ranks run
 //! the collective in a loop (`oxccl-selftest fault`); the victim SIGKILLs
 //! itself. Every survivor must fail with `PeerLost` naming the victim,
 //! within 5 s of its death; the worst detection time per transport is
@@ -13,9 +15,13 @@ use std::time::Duration;
 const N: usize = 4;
 
 fn case(transport: &str, kind: &str, victim: usize, when: &str) -> u128 {
-    // Early deaths use small messages (the others wait inside the call);
+    // Early deaths use smaller messages (the others wait inside the call);
     // mid-transfer deaths use large ones (data is flowing when it happens).
-    let bytes = if when == "early" { "64K" } else { "32M" };
+    let (bytes, when) = match when {
+        "early" => ("64K", "early"),
+        "small" => ("1K", "early"),
+        _ => ("32M", "mid"),
+    };
     let victim_s = victim.to_string();
     let mut kids =
         common::spawn_selftest(N, &["fault", kind, bytes, &victim_s, when], transport, 60);
@@ -77,17 +83,19 @@ fn matrix(transport: &str) {
         "all_gather",
         "reduce_scatter",
         "broadcast",
+        "reduce",
+        "all_to_all",
         "send_recv",
     ] {
         for victim in [0, N / 2, N - 1] {
-            for when in ["early", "mid"] {
+            for when in ["early", "mid", "small"] {
                 let t = case(transport, kind, victim, when);
                 eprintln!("{transport} {kind:>14} victim {victim} {when:>5}: every survivor reported PeerLost({victim}); slowest after {t} ms");
                 worst = worst.max(t);
             }
         }
     }
-    eprintln!("{transport}: worst detection time over 30 cases: {worst} ms");
+    eprintln!("{transport}: worst detection time over 63 cases: {worst} ms");
 }
 
 #[test]

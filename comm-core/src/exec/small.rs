@@ -1,34 +1,42 @@
-//! The small-message path: an all_reduce of at most [`SLOT`] bytes per
-//! rank among ranks that all share this host, without a schedule,
-//! messages or headers.
+//! The small-message path: a collective whose input is at most [`SLOT`]
+//! bytes per rank among ranks that all share this host, without a
+//! schedule, messages or headers. Every collective takes it (all_reduce,
+//! all_gather, reduce_scatter, broadcast, reduce, all_to_all, barrier).
 //!
 //! Every rank maps every other's small page (exported through the host's
 //! direct access at communicator creation). A page holds two slots, used
-//! by calls of even and odd sequence numbers. For call `s` a rank copies
-//! its input into its slot `s % 2`, then publishes the call there
-//! (fingerprint, `s + 1`: Release); every rank waits until each peer has
-//! published the same call in the same slot (Acquire) and combines all
-//! slots in rank order into its output, so every rank computes the same
-//! bits. It then stores `s + 1` in its `done` word of that parity. A slot
-//! is rewritten only once every peer's `done` of its parity has reached
-//! the call that last wrote it (usually at once: a peer that published
-//! call `s + 1` finished `s`; calls of the general path in between do not
-//! prove that, so the word is checked).
+//! by calls of even and odd sequence numbers. For call `s` every rank
+//! copies its whole input into its slot `s % 2` (a broadcast's receivers
+//! copy nothing), then publishes the call there (fingerprint, `s + 1`:
+//! Release). Every rank waits until each peer it
+//! reads (all of them; a broadcast's receivers only the root; a reduce's
+//! root all, its other ranks none) has published the same call in the
+//! same slot (Acquire), and builds its output from those slots: reductions
+//! combine in rank order, so every rank computes the same bits; gathers
+//! and exchanges copy their part. It then stores `s + 1` in its `done`
+//! word of that parity, whether it read or not. A slot is rewritten only
+//! once every peer's `done` of its parity has reached the call that last
+//! wrote it (usually at once: a peer that published call `s + 1` finished
+//! `s`; calls of the general path in between do not prove that, so the
+//! word is checked). A rank that reads nothing (a reduce's non-root, a
+//! broadcast's root) returns once its part is published, as an eager send
+//! does; the wait for `done` two calls later bounds how far it runs ahead.
 //!
 //! The checks every wait makes are made here too: a peer that published a
 //! different call is `Error::Mismatch`; a peer that runs this sequence
 //! number on the general path (it publishes its call in its page when it
 //! starts one: [`SmallPages::publish_general`]) is a mismatch as well,
 //! since every rank chooses the path from the call and the agreed
-//! settings alone. Waiting spins, then sleeps on the peer's slot word with
-//! a futex in slices, between which it looks at abort, the deadline, the
-//! control plane and whether the peer's process still exists: a dead peer
-//! is an error, never a hang.
+//! settings alone. (A rank that reads nothing checks nothing: its peers
+//! that read it report the mismatch.) Waiting spins, then sleeps on the
+//! peer's slot word with a futex in slices, between which it looks at
+//! abort, the deadline, the control plane and whether the peer's process
+//! still exists: a dead peer is an error, never a hang.
 
 use super::call::CallCtx;
 use super::direct::{describe, reached, SLEEP_SLICE};
 use crate::call::{Fingerprint, Kind};
-use crate::compute::Compute;
+use crate::compute::{Compute, Pending};
 use crate::error::{Error, Result};
 use crate::mem::{MemorySpace, Region};
 use crate::transport::Mapped;
@@ -47,19 +55,14 @@ pub(crate) const PAGE: usize = 4096 + 2 * SLOT;
 /// the registered buffers passed (0: plain memory), as a direct call
 /// names them.
 const SLOT_WORDS: usize = 0;
-/// `done[q]`: `s + 1` of the last call of parity `q` this rank has read.
+/// `done[q]`: `[low half of s + 1 of the last call of parity q this rank
+/// finished: u32, waiters: u32]` at `DONE + 8 q`.
 const DONE: usize = 128;
 /// The call this rank runs on the general path: `[s + 1, fp, fp]`.
 const GENERAL: usize = 192;
 /// The slots' data.
 const DATA: usize = 4096;
 
-/// Whether a call takes the small path: the same answer on every rank (it
-/// depends on the call and on settings every rank agrees on), so a rank
-/// that takes the other path runs a different call.
-pub(crate) fn eligible(kind: Kind, bytes: usize, forced: bool) -> bool {
-    kind == Kind::AllReduce && bytes > 0 && bytes <= SLOT && !forced
-}
 
 /// This host's ranks' small pages (all of the communicator's ranks).
 pub(crate) struct SmallPages {
@@ -127,8 +130,26 @@ impl SmallPages {
         ]
     }
 
-    fn done(&self, rank: usize, q: usize) -> &AtomicU64 {
-        self.word64(rank, DONE + 8 * q)
+    fn done(&self, rank: usize, q: usize) -> &AtomicU32 {
+        self.word32(rank, DONE + 8 * q)
+    }
+
+    /// The futex word a waiter sleeps on and its count of sleepers.
+    fn futex(&self, rank: usize, q: usize, word: Word) -> (&AtomicU32, &AtomicU32) {
+        match word {
+            Word::Ready => (self.ready(rank, q), self.waiters(rank, q)),
+            Word::Done => (self.done(rank, q), self.word32(rank, DONE + 8 * q + 4)),
+        }
+    }
+
+    /// Store `v` in this rank's `word` of parity `q`, waking its sleepers.
+    fn store_and_wake(&self, me: usize, q: usize, word: Word, v: u32) {
+        let (w, sleepers) = self.futex(me, q, word);
+        w.store(v, Ordering::Release);
+        fence(Ordering::SeqCst);
+        if sleepers.load(Ordering::SeqCst) > 0 {
+            crate::sys::futex_wake(w);
+        }
     }
 
     fn general(&self, rank: usize) -> [&AtomicU64; 3] {
@@ -158,64 +179,96 @@ impl SmallPages {
     }
 }
 
+/// Which of a peer's words a waiter sleeps on: its slot's `ready` (it
+/// publishes a call) or its `done` (it finished one).
+#[derive(Clone, Copy)]
+enum Word {
+    Ready,
+    Done,
+}
+
 /// How a peer stands for this call.
 enum Peer {
     Ready,
     NotYet,
 }
 
-/// All-reduce `input` into `output` (both host memory, `input.len` bytes
-/// of whole elements, at most [`SLOT`]) over the small pages; `ids` names
-/// the registered buffers passed (as a direct call does); `avg` divides
-/// the sum by the number of ranks.
-pub(crate) fn all_reduce(
+/// A call on the small path: which collective, its root, its NCCL-style
+/// count in bytes (elements times their size) and whether a reduction
+/// averages.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SmallCall {
+    pub kind: Kind,
+    pub root: usize,
+    pub bytes: usize,
+    pub avg: bool,
+}
+
+impl SmallCall {
+    /// Bytes each writer puts in its slot: its whole input.
+    pub(crate) fn slot_bytes(&self, nranks: usize) -> usize {
+        match self.kind {
+            Kind::ReduceScatter | Kind::AllToAll => self.bytes * nranks,
+            _ => self.bytes,
+        }
+    }
+
+    /// Bytes rank `me` copies into its slot: its whole input, but none
+    /// at a broadcast's receivers (they publish their call all the same,
+    /// so that a peer that reads them checks it).
+    fn writes(&self, me: usize, nranks: usize) -> usize {
+        match self.kind {
+            Kind::Broadcast if me != self.root => 0,
+            _ => self.slot_bytes(nranks),
+        }
+    }
+
+    /// Whether rank `me` reads rank `k`'s slot (and so waits for it and
+    /// checks its call): a broadcast's receivers read the root's, a
+    /// reduce's root reads all, every other collective reads all.
+    fn reads(&self, me: usize, k: usize) -> bool {
+        match self.kind {
+            Kind::Broadcast => me != self.root && k == self.root,
+            Kind::Reduce => me == self.root,
+            _ => true,
+        }
+    }
+}
+
+/// Whether a call takes the small path: the same answer on every rank (it
+/// depends on the call and on settings every rank agrees on), so a rank
+/// that takes the other path runs a different call.
+pub(crate) fn eligible(call: &SmallCall, nranks: usize, forced: bool) -> bool {
+    let bytes = call.slot_bytes(nranks);
+    let fits = match call.kind {
+        Kind::P2p => false,
+        Kind::Barrier => true,
+        _ => bytes > 0,
+    };
+    fits && bytes <= SLOT && !forced
+}
+
+/// Run `call` over the small pages: `input` and `output` are host memory
+/// holding the call's buffers as the executor names them (in place,
+/// all_gather's input is the output's segment of this rank and
+/// reduce_scatter's output the input's); `ids` names the registered
+/// buffers passed (as a direct call does).
+pub(crate) fn run(
     pages: &mut SmallPages,
     engine: &mut dyn Compute,
     cx: &mut CallCtx<'_>,
+    call: SmallCall,
     ids: u64,
     input: Region,
     output: Region,
-    avg: bool,
 ) -> Result<()> {
-    let (me, n, seq, fp) = (cx.rank, cx.nranks, cx.seq, cx.fp);
+    let (me, n, seq) = (cx.rank, cx.nranks, cx.seq);
     let q = (seq % 2) as usize;
     let target = seq + 1;
-    let len = input.len;
-    // 1. The slot is free once every peer read what it last held.
-    let last = pages.written[q];
-    if last != 0 {
-        for k in (0..n).filter(|k| *k != me) {
-            let read = |p: &SmallPages| {
-                Ok(match p.done(k, q).load(Ordering::Acquire) >= last {
-                    true => Peer::Ready,
-                    false => Peer::NotYet,
-                })
-            };
-            wait_for(pages, cx, k, q, "read this rank's previous part", read)?;
-        }
-    }
-    // 2. The input into the slot, then the call published.
-    let mine = Region {
-        len,
-        ..pages.data(me, q)
-    };
-    // SAFETY: the caller's input holds `len` readable bytes; the slot is
-    // this rank's, `SLOT >= len` bytes, and no peer reads it now (step 1).
-    unsafe { std::ptr::copy_nonoverlapping(input.addr as *const u8, mine.addr as *mut u8, len) };
-    let [x, y] = fp.to_words();
-    let [a, b, s, i] = pages.published(me, q);
-    a.store(x, Ordering::Relaxed);
-    b.store(y, Ordering::Relaxed);
-    s.store(target, Ordering::Relaxed);
-    i.store(ids, Ordering::Relaxed);
-    pages.ready(me, q).store(target as u32, Ordering::Release);
-    fence(Ordering::SeqCst);
-    if pages.waiters(me, q).load(Ordering::SeqCst) > 0 {
-        crate::sys::futex_wake(pages.ready(me, q));
-    }
-    pages.written[q] = target;
-    // 3. Every peer's part of the same call.
-    for k in (0..n).filter(|k| *k != me) {
+    write(pages, engine, cx, ids, input.sub(0, call.writes(me, n)))?;
+    // Every part this rank reads, of the same call.
+    for k in (0..n).filter(|k| *k != me && call.reads(me, *k)) {
+        let fp = cx.fp;
         let published = |p: &SmallPages| {
             if reached(p.ready(k, q).load(Ordering::Acquire), target as u32)
                 && p.published(k, q)[2].load(Ordering::Relaxed) == target
@@ -241,26 +294,117 @@ pub(crate) fn all_reduce(
             }
             Ok(Peer::NotYet)
         };
-        wait_for(pages, cx, k, q, "publish its part", published)?;
+        wait_for(pages, cx, k, q, Word::Ready, "publish its part", published)?;
     }
-    // 4. Every rank's part, combined in rank order.
-    let mut srcs = std::mem::take(&mut pages.srcs);
-    srcs.clear();
-    srcs.extend((0..n).map(|k| Region {
-        len,
-        ..pages.data(k, q)
-    }));
-    let reduced = engine.reduce(cx.dtype, cx.op, output, &srcs);
-    pages.srcs = srcs;
-    let done = reduced?;
-    engine.poll(done)?;
-    if avg {
-        let d = engine.divide(cx.dtype, output, n)?;
-        engine.poll(d)?;
-    }
-    // 5. Read: the slots of this parity may be rewritten.
-    pages.done(me, q).store(target, Ordering::Release);
+    combine(pages, engine, cx, call, input, output)?;
+    // Read: the slots of this parity may be rewritten. (Stored by every
+    // rank, readers or not: a writer waits for every peer's.)
+    pages.store_and_wake(me, q, Word::Done, target as u32);
     Ok(())
+}
+
+/// Copy this rank's part into its slot of the call's parity and publish
+/// the call there, once every peer has read what the slot last held.
+fn write(
+    pages: &mut SmallPages,
+    engine: &mut dyn Compute,
+    cx: &mut CallCtx<'_>,
+    ids: u64,
+    input: Region,
+) -> Result<()> {
+    let (me, n, seq) = (cx.rank, cx.nranks, cx.seq);
+    let q = (seq % 2) as usize;
+    let target = seq + 1;
+    // The slot is free once every peer is done with the call that last
+    // wrote it.
+    let last = pages.written[q];
+    if last != 0 {
+        for k in (0..n).filter(|k| *k != me) {
+            let read = |p: &SmallPages| {
+                Ok(match reached(p.done(k, q).load(Ordering::Acquire), last as u32) {
+                    true => Peer::Ready,
+                    false => Peer::NotYet,
+                })
+            };
+            let what = "finish the call that last wrote this rank's slot";
+            wait_for(pages, cx, k, q, Word::Done, what, read)?;
+        }
+    }
+    // No peer reads the slot now (above); it holds `SLOT >= len` bytes.
+    copy(engine, pages.data(me, q).sub(0, input.len), input)?;
+    let [x, y] = cx.fp.to_words();
+    let [a, b, s, i] = pages.published(me, q);
+    a.store(x, Ordering::Relaxed);
+    b.store(y, Ordering::Relaxed);
+    s.store(target, Ordering::Relaxed);
+    i.store(ids, Ordering::Relaxed);
+    pages.store_and_wake(me, q, Word::Ready, target as u32);
+    pages.written[q] = target;
+    Ok(())
+}
+
+/// This rank's output from the slots it reads (all published for this
+/// call), combining in rank order so every rank computes the same bits.
+fn combine(
+    pages: &mut SmallPages,
+    engine: &mut dyn Compute,
+    cx: &CallCtx<'_>,
+    call: SmallCall,
+    input: Region,
+    output: Region,
+) -> Result<()> {
+    let (me, n) = (cx.rank, cx.nranks);
+    let q = (cx.seq % 2) as usize;
+    let b = call.bytes;
+    // Rank k's part of its slot that this rank reads.
+    let part = |p: &SmallPages, k: usize| match call.kind {
+        Kind::ReduceScatter | Kind::AllToAll => p.data(k, q).sub(me * b, b),
+        _ => p.data(k, q).sub(0, b),
+    };
+    match call.kind {
+        Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce => {
+            if !call.reads(me, me) {
+                return Ok(());
+            }
+            let mut srcs = std::mem::take(&mut pages.srcs);
+            srcs.clear();
+            srcs.extend((0..n).map(|k| part(pages, k)));
+            let out = output.sub(0, b);
+            let reduced = engine.reduce(cx.dtype, cx.op, out, &srcs);
+            pages.srcs = srcs;
+            finish(engine, reduced?)?;
+            if call.avg {
+                let d = engine.divide(cx.dtype, out, n)?;
+                finish(engine, d)?;
+            }
+        }
+        Kind::AllGather | Kind::AllToAll => {
+            for k in 0..n {
+                copy(engine, output.sub(k * b, b), part(pages, k))?;
+            }
+        }
+        Kind::Broadcast if me == call.root => {
+            copy(engine, output.sub(0, b), input.sub(0, b))?;
+        }
+        Kind::Broadcast => {
+            copy(engine, output.sub(0, b), part(pages, call.root))?;
+        }
+        Kind::Barrier | Kind::P2p => {}
+    }
+    Ok(())
+}
+
+fn copy(engine: &mut dyn Compute, dst: Region, src: Region) -> Result<()> {
+    let work = engine.copy(dst, src)?;
+    finish(engine, work)
+}
+
+/// Wait for `work` (the host engine's is done when started).
+fn finish(engine: &mut dyn Compute, work: Pending) -> Result<()> {
+    match engine.poll(work)? {
+        true => Ok(()),
+        false => engine.quiesce(),
+    }
 }
 
 fn mismatch(
@@ -283,14 +427,15 @@ fn mismatch(
 }
 
 /// Wait until `look` says peer `k` is ready: spin, then sleep in slices
-/// on the peer's `word` (its `waiters` counted so it wakes us), looking at
-/// abort, the deadline, the control plane and the peer's process between
-/// slices.
+/// on the peer's `word` (its sleepers counted so that it wakes us),
+/// looking at abort, the deadline, the control plane and the peer's
+/// process between slices.
 fn wait_for(
     pages: &SmallPages,
     cx: &mut CallCtx<'_>,
     k: usize,
     q: usize,
+    word: Word,
     what: &str,
     look: impl Fn(&SmallPages) -> Result<Peer>,
 ) -> Result<()> {
@@ -311,15 +456,13 @@ fn wait_for(
                 (format!("rank {k} to {what} in {}", cx.during), Some(k))
             }));
         }
-        // The peer's slot word wakes sleepers when it publishes; a `done`
-        // store wakes none, so a slice bounds that wait.
-        let (w, v) = (pages.waiters(k, q), pages.ready(k, q));
-        w.fetch_add(1, Ordering::SeqCst);
+        let (v, sleepers) = pages.futex(k, q, word);
+        sleepers.fetch_add(1, Ordering::SeqCst);
         let seen = v.load(Ordering::SeqCst);
         if let Peer::NotYet = look(pages)? {
             crate::sys::futex_wait(v, seen, SLEEP_SLICE);
         }
-        w.fetch_sub(1, Ordering::SeqCst);
+        sleepers.fetch_sub(1, Ordering::SeqCst);
         // A peer that published and then ended (its last call done) is
         // no failure: look before judging.
         if let Peer::Ready = look(pages)? {

@@ -418,6 +418,8 @@ fn main() {
                         comm.reduce_scatter(&a[..count / n * n], &mut b[..count / n], ReduceOp::Sum)
                     }
                     "broadcast" => comm.broadcast_in_place(&mut a, 0),
+                    "reduce" => comm.reduce_in_place(&mut a, ReduceOp::Sum, 0),
+                    "all_to_all" => comm.all_to_all(&a[..count / n * n], &mut b[..count / n * n]),
                     "registered_all_reduce" => {
                         comm.all_reduce_in_place(shared.as_mut().unwrap(), ReduceOp::Sum)
                     }
