@@ -1088,9 +1088,11 @@ impl Inner {
         } else {
             None
         };
+        let now = Instant::now();
         self.notice_before(
             &mut st.control,
             &mut st.control_checked,
+            now,
             &fp,
             seq,
             direct.as_ref(),
@@ -1101,7 +1103,7 @@ impl Inner {
             p.publish_general(self.rank, &fp, seq);
         }
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
-        let mut cx = self.call_ctx(&mut st.control, timeout, fp, seq, direct);
+        let mut cx = self.call_ctx(&mut st.control, now, timeout, fp, seq, direct);
         executor::execute(sched, bufs, &mut st.net, engine, &mut cx)
     }
 
@@ -1119,7 +1121,9 @@ impl Inner {
     ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
-        self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, None)?;
+        // One clock read per call: the deadline and the look for notices.
+        let now = Instant::now();
+        self.notice_before(&mut st.control, &mut st.control_checked, now, &fp, seq, None)?;
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let State {
             net,
@@ -1130,7 +1134,7 @@ impl Inner {
         let pages = small.as_mut().ok_or_else(|| {
             Error::Protocol("the small-message path without small pages (internal error)".into())
         })?;
-        let mut cx = self.call_ctx(control, timeout, fp, seq, None);
+        let mut cx = self.call_ctx(control, now, timeout, fp, seq, None);
         executor::small::run(pages, net.host_engine(), &mut cx, call, ids, input, output)
     }
 
@@ -1142,12 +1146,13 @@ impl Inner {
         &self,
         control: &mut Control,
         checked: &mut Instant,
+        now: Instant,
         fp: &Fingerprint,
         seq: u64,
         direct: Option<&DirectCtx<'_>>,
     ) -> Result<()> {
-        if checked.elapsed() > Duration::from_millis(1) {
-            *checked = Instant::now();
+        if now.saturating_duration_since(*checked) > Duration::from_millis(1) {
+            *checked = now;
             if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {
                 // Described as the peers know this call (with its buffers).
                 let own = executor::describe_own(fp, seq, direct);
@@ -1168,6 +1173,7 @@ impl Inner {
     fn call_ctx<'a>(
         &'a self,
         control: &'a mut Control,
+        now: Instant,
         timeout: Duration,
         fp: Fingerprint,
         seq: u64,
@@ -1180,7 +1186,7 @@ impl Inner {
             op: fp.op.kernel_op(),
             seq,
             fp,
-            deadline: crate::config::value::deadline_after(timeout),
+            deadline: crate::config::value::deadline_after_from(now, timeout),
             timeout,
             spin: self.config.spin,
             oversubscribed: self.oversubscribed,

@@ -72,8 +72,10 @@ impl Spin {
     /// starts a new spin).
     pub(crate) fn turn(&mut self) -> bool {
         // Between clock reads, a pure spin goes on (a yielding one reads
-        // the clock every turn: a yield costs more than the read).
-        if self.idle_since.is_some() && !self.oversubscribed && self.turns < CLOCK_EVERY {
+        // the clock every turn: a yield costs more than the read). The
+        // first read, too, waits for `CLOCK_EVERY` turns: most waits of a
+        // warm loop end before it.
+        if !self.oversubscribed && !self.limit.is_zero() && self.turns < CLOCK_EVERY {
             self.turns += 1;
             std::hint::spin_loop();
             return true;

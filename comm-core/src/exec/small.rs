@@ -4,23 +4,23 @@
 //! all_gather, reduce_scatter, broadcast, reduce, all_to_all, barrier).
 //!
 //! Every rank maps every other's small page (exported through the host's
-//! direct access at communicator creation). A page holds two slots, used
-//! by calls of even and odd sequence numbers. For call `s` every rank
-//! copies its whole input into its slot `s % 2` (a broadcast's receivers
-//! copy nothing), then publishes the call there (fingerprint, `s + 1`:
-//! Release). Every rank waits until each peer it
-//! reads (all of them; a broadcast's receivers only the root; a reduce's
-//! root all, its other ranks none) has published the same call in the
-//! same slot (Acquire), and builds its output from those slots: reductions
-//! combine in rank order, so every rank computes the same bits; gathers
-//! and exchanges copy their part. It then stores `s + 1` in its `done`
-//! word of that parity, whether it read or not. A slot is rewritten only
-//! once every peer's `done` of its parity has reached the call that last
-//! wrote it (usually at once: a peer that published call `s + 1` finished
-//! `s`; calls of the general path in between do not prove that, so the
-//! word is checked). A rank that reads nothing (a reduce's non-root, a
-//! broadcast's root) returns once its part is published, as an eager send
-//! does; the wait for `done` two calls later bounds how far it runs ahead.
+//! direct access at communicator creation). A page holds [`DEPTH`] slots;
+//! call `s` uses slot `s % DEPTH`. For call `s` every rank copies its
+//! whole input into that slot (a broadcast's receivers copy nothing),
+//! then publishes the call there (fingerprint, `s + 1`: Release). Every
+//! rank waits until each peer it reads (all of them; a broadcast's
+//! receivers only the root; a reduce's root all, its other ranks none) has
+//! published the same call in the same slot (Acquire), and builds its
+//! output from those slots: reductions combine in rank order, so every
+//! rank computes the same bits; gathers and exchanges copy their part. It
+//! then stores `s + 1` in its `done` word of that slot, whether it read or
+//! not. A slot is rewritten only once every peer's `done` of that slot
+//! has reached the call that last wrote it (usually at once for
+//! collectives where everyone reads everyone: a peer that published a
+//! later call finished the earlier ones). A rank that reads nothing (a
+//! reduce's non-root, a broadcast's root) returns once its part is
+//! published, as an eager send does; the wait for `done` `DEPTH` calls
+//! later bounds how far it runs ahead.
 //!
 //! The checks every wait makes are made here too: a peer that published a
 //! different call is `Error::Mismatch`; a peer that runs this sequence
@@ -46,8 +46,13 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 /// Largest input per rank the path takes, in bytes.
 pub(crate) const SLOT: usize = 4096;
 
-/// Bytes of a small page: a page of control words, then the two slots.
-pub(crate) const PAGE: usize = 4096 + 2 * SLOT;
+/// Slots per page: calls `s` use slot `s % DEPTH`, so a rank that reads
+/// nothing (a broadcast's root, a reduce's other ranks) runs up to
+/// `DEPTH - 1` calls ahead of its slowest peer, as an eager send does.
+const DEPTH: usize = 8;
+
+/// Bytes of a small page: a page of control words, then the slots.
+pub(crate) const PAGE: usize = 4096 + DEPTH * SLOT;
 
 // Control words of a page (each group on its own cache line).
 /// Slot `q`'s publication: `[ready: u32 (low half of s + 1), waiters: u32]`
@@ -55,11 +60,11 @@ pub(crate) const PAGE: usize = 4096 + 2 * SLOT;
 /// the registered buffers passed (0: plain memory), as a direct call
 /// names them.
 const SLOT_WORDS: usize = 0;
-/// `done[q]`: `[low half of s + 1 of the last call of parity q this rank
+/// `done[q]`: `[low half of s + 1 of the last call of slot q this rank
 /// finished: u32, waiters: u32]` at `DONE + 8 q`.
-const DONE: usize = 128;
+const DONE: usize = 64 * DEPTH;
 /// The call this rank runs on the general path: `[s + 1, fp, fp]`.
-const GENERAL: usize = 192;
+const GENERAL: usize = DONE + 8 * DEPTH;
 /// The slots' data.
 const DATA: usize = 4096;
 
@@ -73,7 +78,7 @@ pub(crate) struct SmallPages {
     /// Where each rank's page is mapped here.
     base: Vec<usize>,
     /// `s + 1` of the call that last wrote each of this rank's slots.
-    written: [u64; 2],
+    written: [u64; DEPTH],
     /// The slots a call combines (kept: a warm call allocates nothing).
     srcs: Vec<Region>,
 }
@@ -91,7 +96,7 @@ impl SmallPages {
             _own: own,
             _peers: peers,
             base,
-            written: [0; 2],
+            written: [0; DEPTH],
             srcs: Vec::with_capacity(n),
         }
     }
@@ -142,7 +147,7 @@ impl SmallPages {
         }
     }
 
-    /// Store `v` in this rank's `word` of parity `q`, waking its sleepers.
+    /// Store `v` in this rank's `word` of slot `q`, waking its sleepers.
     fn store_and_wake(&self, me: usize, q: usize, word: Word, v: u32) {
         let (w, sleepers) = self.futex(me, q, word);
         w.store(v, Ordering::Release);
@@ -263,7 +268,7 @@ pub(crate) fn run(
     output: Region,
 ) -> Result<()> {
     let (me, n, seq) = (cx.rank, cx.nranks, cx.seq);
-    let q = (seq % 2) as usize;
+    let q = (seq % DEPTH as u64) as usize;
     let target = seq + 1;
     write(pages, engine, cx, ids, input.sub(0, call.writes(me, n)))?;
     // Every part this rank reads, of the same call.
@@ -297,13 +302,13 @@ pub(crate) fn run(
         wait_for(pages, cx, k, q, Word::Ready, "publish its part", published)?;
     }
     combine(pages, engine, cx, call, input, output)?;
-    // Read: the slots of this parity may be rewritten. (Stored by every
+    // Read: the slots of this number may be rewritten. (Stored by every
     // rank, readers or not: a writer waits for every peer's.)
     pages.store_and_wake(me, q, Word::Done, target as u32);
     Ok(())
 }
 
-/// Copy this rank's part into its slot of the call's parity and publish
+/// Copy this rank's part into its slot for the call and publish
 /// the call there, once every peer has read what the slot last held.
 fn write(
     pages: &mut SmallPages,
@@ -313,7 +318,7 @@ fn write(
     input: Region,
 ) -> Result<()> {
     let (me, n, seq) = (cx.rank, cx.nranks, cx.seq);
-    let q = (seq % 2) as usize;
+    let q = (seq % DEPTH as u64) as usize;
     let target = seq + 1;
     // The slot is free once every peer is done with the call that last
     // wrote it.
@@ -354,7 +359,7 @@ fn combine(
     output: Region,
 ) -> Result<()> {
     let (me, n) = (cx.rank, cx.nranks);
-    let q = (cx.seq % 2) as usize;
+    let q = (cx.seq % DEPTH as u64) as usize;
     let b = call.bytes;
     // Rank k's part of its slot that this rank reads.
     let part = |p: &SmallPages, k: usize| match call.kind {
