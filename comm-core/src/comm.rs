@@ -1123,7 +1123,14 @@ impl Inner {
         st.seq += 1;
         // One clock read per call: the deadline and the look for notices.
         let now = Instant::now();
-        self.notice_before(&mut st.control, &mut st.control_checked, now, &fp, seq, None)?;
+        self.notice_before(
+            &mut st.control,
+            &mut st.control_checked,
+            now,
+            &fp,
+            seq,
+            None,
+        )?;
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let State {
             net,

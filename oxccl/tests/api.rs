@@ -600,8 +600,12 @@ fn small_call(c: &Communicator, call: usize, draw: u64) -> bool {
     let in_place = (draw >> 3) % 2 == 1;
     let root = (draw >> 4) as usize % n;
     // Elements per rank: at most the slot, or just over it.
-    let over = (draw >> 6) % 4 == 0;
-    let per_slot = if matches!(kind, 2 | 5) { 1024 / n } else { 1024 };
+    let over = (draw >> 6).is_multiple_of(4);
+    let per_slot = if matches!(kind, 2 | 5) {
+        1024 / n
+    } else {
+        1024
+    };
     let count = if over {
         per_slot + 1
     } else {
@@ -645,7 +649,11 @@ fn small_call(c: &Communicator, call: usize, draw: u64) -> bool {
             }
         }
         3 => {
-            let mut out = if me == root { mine(count) } else { vec![0f32; count] };
+            let mut out = if me == root {
+                mine(count)
+            } else {
+                vec![0f32; count]
+            };
             if in_place {
                 c.broadcast_in_place(&mut out, root).unwrap();
             } else {
@@ -716,9 +724,14 @@ fn small_calls_of_every_collective_on_one_host_take_the_small_path() {
             .collect::<Vec<bool>>()
     });
     for (call, d) in draws.iter().enumerate() {
-        let over = (d >> 6) % 4 == 0 && d % 7 != 6;
+        let over = (d >> 6).is_multiple_of(4) && d % 7 != 6;
         for (rank, t) in took.iter().enumerate() {
-            assert_eq!(t[call], !over, "call {call} (kind {}) on rank {rank}", d % 7);
+            assert_eq!(
+                t[call],
+                !over,
+                "call {call} (kind {}) on rank {rank}",
+                d % 7
+            );
         }
     }
     // Over TCP, never.

@@ -68,7 +68,6 @@ const GENERAL: usize = DONE + 8 * DEPTH;
 /// The slots' data.
 const DATA: usize = 4096;
 
-
 /// This host's ranks' small pages (all of the communicator's ranks).
 pub(crate) struct SmallPages {
     /// Every rank's page by rank (this rank's own, peers' imported); kept
@@ -326,10 +325,12 @@ fn write(
     if last != 0 {
         for k in (0..n).filter(|k| *k != me) {
             let read = |p: &SmallPages| {
-                Ok(match reached(p.done(k, q).load(Ordering::Acquire), last as u32) {
-                    true => Peer::Ready,
-                    false => Peer::NotYet,
-                })
+                Ok(
+                    match reached(p.done(k, q).load(Ordering::Acquire), last as u32) {
+                        true => Peer::Ready,
+                        false => Peer::NotYet,
+                    },
+                )
             };
             let what = "finish the call that last wrote this rank's slot";
             wait_for(pages, cx, k, q, Word::Done, what, read)?;
