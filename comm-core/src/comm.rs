@@ -32,7 +32,7 @@ use algorithms::{CollSpec, Tuning};
 use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// A group of `nranks` processes (or threads) that communicate.
@@ -67,12 +67,18 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     pub(crate) sender: Mutex<ControlSender>,
     next_ticket: AtomicU64,
-    turn: Mutex<u64>,
+    /// The ticket whose turn it is. Read without a lock when a call comes
+    /// in its turn (nearly always); `turn` and `turn_cv` are for waiting.
+    turn_now: AtomicU64,
+    turn: Mutex<()>,
     turn_cv: Condvar,
-    /// Threads waiting for their turn (read and written under `turn`):
-    /// notifying a condvar is a system call even when nobody waits.
+    /// Threads waiting for their turn: notifying a condvar is a system
+    /// call even when nobody waits. (With `turn_now`, SeqCst on both
+    /// sides: a finishing call sees a waiter or the waiter sees its turn.)
     turn_waiters: AtomicU64,
     poison: Mutex<Option<Error>>,
+    /// Set once `poison` holds an error: a call checks it without a lock.
+    poisoned: AtomicBool,
     pub(crate) aborted: AtomicBool,
     abort_fd: OwnedFd,
     /// The algorithm of the last collective that ran (its name).
@@ -521,10 +527,12 @@ impl Communicator {
                 }),
                 sender: Mutex::new(sender),
                 next_ticket: AtomicU64::new(0),
-                turn: Mutex::new(0),
+                turn_now: AtomicU64::new(0),
+                turn: Mutex::new(()),
                 turn_cv: Condvar::new(),
                 turn_waiters: AtomicU64::new(0),
                 poison: Mutex::new(None),
+                poisoned: AtomicBool::new(false),
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
                 last_algorithm: AtomicUsize::new(0),
@@ -950,12 +958,13 @@ impl Inner {
         if p.is_some() {
             return;
         }
-        // The point-to-point lane fails its operations with it, now.
-        self.lane.wake();
         // The caller gets the error itself; this event is for traces (a
         // handled error is not the library's to print).
         tracing::info!(rank = self.rank, "oxccl communicator failed: {e}");
         *p = Some(e.clone());
+        self.poisoned.store(true, Ordering::Release);
+        // The point-to-point lane fails its operations with it, now.
+        self.lane.wake();
         drop(p);
         if let Some(n) = failure::notice_for(self.rank, &e) {
             self.sender.lock().unwrap().abort(&n);
@@ -969,6 +978,9 @@ impl Inner {
     }
 
     pub(crate) fn poisoned(&self) -> Option<Error> {
+        if !self.poisoned.load(Ordering::Acquire) {
+            return None;
+        }
         self.poison.lock().unwrap().clone()
     }
 
@@ -1002,20 +1014,26 @@ impl Inner {
         self.state.try_lock().is_ok_and(|st| st.control.is_gone())
     }
 
-    fn wait_turn(&self, ticket: u64) -> Result<MutexGuard<'_, u64>> {
+    fn wait_turn(&self, ticket: u64) -> Result<()> {
+        if self.turn_now.load(Ordering::Acquire) == ticket {
+            return Ok(());
+        }
         let mut t = self.turn.lock().unwrap();
-        while *t != ticket {
+        self.turn_waiters.fetch_add(1, Ordering::SeqCst);
+        let waited = loop {
+            if self.turn_now.load(Ordering::SeqCst) == ticket {
+                break Ok(());
+            }
             if self.aborted.load(Ordering::Acquire) {
-                return Err(self.poisoned().unwrap_or(Error::Aborted {
+                break Err(self.poisoned().unwrap_or(Error::Aborted {
                     by: None,
                     world_by: None,
                 }));
             }
-            self.turn_waiters.fetch_add(1, Ordering::Relaxed);
             t = self.turn_cv.wait(t).unwrap();
-            self.turn_waiters.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(t)
+        };
+        self.turn_waiters.fetch_sub(1, Ordering::SeqCst);
+        waited
     }
 
     pub(crate) fn run_ticket<R>(
@@ -1024,8 +1042,7 @@ impl Inner {
         timeout: Option<Duration>,
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
-        let turn = self.wait_turn(ticket)?;
-        drop(turn);
+        self.wait_turn(ticket)?;
         let result = match self.poisoned() {
             Some(e) => Err(e),
             None => {
@@ -1043,9 +1060,9 @@ impl Inner {
                 r
             }
         };
-        let mut t = self.turn.lock().unwrap();
-        *t += 1;
-        if self.turn_waiters.load(Ordering::Relaxed) > 0 {
+        self.turn_now.store(ticket + 1, Ordering::SeqCst);
+        if self.turn_waiters.load(Ordering::SeqCst) > 0 {
+            let _t = self.turn.lock().unwrap();
             self.turn_cv.notify_all();
         }
         result
