@@ -13,13 +13,13 @@
 //! published the same call in the same slot (Acquire), and builds its
 //! output from those slots: reductions combine in rank order, so every
 //! rank computes the same bits; gathers and exchanges copy their part. It
-//! then stores `s + 1` in its `done` word of that slot, whether it read or
-//! not. A slot is rewritten only once every peer's `done` of that slot
-//! has reached the call that last wrote it (usually at once for
-//! collectives where everyone reads everyone: a peer that published a
-//! later call finished the earlier ones). A rank that reads nothing (a
+//! then stores `s + 1` in its `finished` word, whether it read or not
+//! (calls finish in order). A slot is rewritten only once every peer's
+//! `finished` has reached the call that last wrote it; the writer keeps
+//! the value it last read, so with peers close behind it reads a peer's
+//! word about once in `DEPTH` calls. A rank that reads nothing (a
 //! reduce's non-root, a broadcast's root) returns once its part is
-//! published, as an eager send does; the wait for `done` `DEPTH` calls
+//! published, as an eager send does; the wait for `finished` `DEPTH` calls
 //! later bounds how far it runs ahead.
 //!
 //! The checks every wait makes are made here too: a peer that published a
@@ -62,11 +62,11 @@ pub(crate) const PAGE: usize = 4096 + DEPTH * SLOT;
 /// the registered buffers passed (0: plain memory), as a direct call
 /// names them.
 const SLOT_WORDS: usize = 0;
-/// `done[q]`: `[low half of s + 1 of the last call of slot q this rank
-/// finished: u32, waiters: u32]` at `DONE + 8 q`.
-const DONE: usize = 64 * DEPTH;
+/// `[finished: u32 (low half of s + 1 of the last call this rank
+/// finished on this path; calls finish in order), waiters: u32]`.
+const FINISHED: usize = 64 * DEPTH;
 /// The call this rank runs on the general path: `[s + 1, fp, fp]`.
-const GENERAL: usize = DONE + 8 * DEPTH;
+const GENERAL: usize = FINISHED + 64;
 /// The slots' data.
 const DATA: usize = 4096;
 const _: () = assert!(GENERAL + 24 <= DATA, "the control words overrun the slots");
@@ -81,6 +81,9 @@ pub(crate) struct SmallPages {
     base: Vec<usize>,
     /// `s + 1` of the call that last wrote each of this rank's slots.
     written: [u64; DEPTH],
+    /// Each peer's `finished` as last read here: while it covers the call
+    /// that last wrote a slot, reusing the slot reads nothing of the peer.
+    seen: Vec<u32>,
     /// The slots a call combines (kept: a warm call allocates nothing).
     srcs: Vec<Region>,
 }
@@ -99,6 +102,7 @@ impl SmallPages {
             _peers: peers,
             base,
             written: [0; DEPTH],
+            seen: vec![0; n],
             srcs: Vec::with_capacity(n),
         }
     }
@@ -137,15 +141,15 @@ impl SmallPages {
         ]
     }
 
-    fn done(&self, rank: usize, q: usize) -> &AtomicU32 {
-        self.word32(rank, DONE + 8 * q)
+    fn finished(&self, rank: usize) -> &AtomicU32 {
+        self.word32(rank, FINISHED)
     }
 
     /// The futex word a waiter sleeps on and its count of sleepers.
     fn futex(&self, rank: usize, q: usize, word: Word) -> (&AtomicU32, &AtomicU32) {
         match word {
             Word::Ready => (self.ready(rank, q), self.waiters(rank, q)),
-            Word::Done => (self.done(rank, q), self.word32(rank, DONE + 8 * q + 4)),
+            Word::Finished => (self.finished(rank), self.word32(rank, FINISHED + 4)),
         }
     }
 
@@ -195,11 +199,11 @@ impl SmallPages {
 }
 
 /// Which of a peer's words a waiter sleeps on: its slot's `ready` (it
-/// publishes a call) or its `done` (it finished one).
+/// publishes a call) or its `finished` (it finished one).
 #[derive(Clone, Copy)]
 enum Word {
     Ready,
-    Done,
+    Finished,
 }
 
 /// The first sleep of a wait: short, since a wake-up may race with it
@@ -328,7 +332,7 @@ pub(crate) fn run(
     combine(pages, engine, cx, call, input, output)?;
     // Read: the slots of this number may be rewritten. (Stored by every
     // rank, readers or not: a writer waits for every peer's.)
-    pages.store_and_wake(me, q, Word::Done, target as u32);
+    pages.store_and_wake(me, q, Word::Finished, target as u32);
     Ok(())
 }
 
@@ -344,21 +348,23 @@ fn write(
     let (me, n, seq) = (cx.rank, cx.nranks, cx.seq);
     let q = (seq % DEPTH as u64) as usize;
     let target = seq + 1;
-    // The slot is free once every peer is done with the call that last
-    // wrote it.
-    let last = pages.written[q];
-    if last != 0 {
+    // The slot is free once every peer finished the call that last wrote
+    // it (as last seen here, else as its word says now).
+    let last = pages.written[q] as u32;
+    if pages.written[q] != 0 {
         for k in (0..n).filter(|k| *k != me) {
+            if reached(pages.seen[k], last) {
+                continue;
+            }
             let read = |p: &SmallPages| {
-                Ok(
-                    match reached(p.done(k, q).load(Ordering::Acquire), last as u32) {
-                        true => Peer::Ready,
-                        false => Peer::NotYet,
-                    },
-                )
+                Ok(match reached(p.finished(k).load(Ordering::Acquire), last) {
+                    true => Peer::Ready,
+                    false => Peer::NotYet,
+                })
             };
             let what = "finish the call that last wrote this rank's slot";
-            wait_for(pages, cx, k, q, Word::Done, what, read)?;
+            wait_for(pages, cx, k, q, Word::Finished, what, read)?;
+            pages.seen[k] = pages.finished(k).load(Ordering::Acquire);
         }
     }
     // No peer reads the slot now (above); it holds `SLOT >= len` bytes.
