@@ -76,7 +76,7 @@ impl Ring {
                 let n = src.len().min(free).min(self.cap - off);
                 // SAFETY: [off, off+n) lies in the data area and belongs to the
                 // producer until `head` is published (the consumer reads < head).
-                unsafe { kernels::copy::copy(self.data.add(off), src.as_ptr(), n) };
+                unsafe { kernels::copy::copy_cached(self.data.add(off), src.as_ptr(), n) };
                 src = &src[n..];
                 free -= n;
                 pos += n as u64;
@@ -107,7 +107,7 @@ impl Ring {
                 let n = dst.len().min(avail).min(self.cap - off);
                 // SAFETY: [off, off+n) holds published bytes (< head) the
                 // producer will not touch until `tail` moves past them.
-                unsafe { kernels::copy::copy(dst.as_mut_ptr(), self.data.add(off), n) };
+                unsafe { kernels::copy::copy_cached(dst.as_mut_ptr(), self.data.add(off), n) };
                 dst = &mut dst[n..];
                 avail -= n;
                 pos += n as u64;
