@@ -147,6 +147,76 @@ pub fn reduce_scatter(rank: usize, count: usize, avg: bool, in_place: bool) -> S
     s
 }
 
+/// Reduce: the root reduces every rank's input into its output; the other
+/// ranks only keep their inputs unchanged until it has (the last `Sync`).
+pub fn reduce(rank: usize, count: usize, root: usize, avg: bool) -> Schedule {
+    let mut s = Schedule::default();
+    let mut at = s.push(Action::Sync, &[]);
+    if rank == root {
+        // In place the output is the root's input: only the root reads it.
+        let dst = Span::new(OUTPUT, 0, count);
+        at = s.push(
+            Action::ReduceFrom {
+                dst,
+                src: Span::new(INPUT, 0, count),
+            },
+            &[at],
+        );
+        if avg {
+            at = s.push(Action::Divide { dst }, &[at]);
+        }
+    }
+    s.push(Action::Sync, &[at]);
+    s
+}
+
+/// All-to-all: every rank copies its segment of each peer's input (peer
+/// `k`'s input segment `rank`) into its output segment `k`, once. In place
+/// a rank's buffer is read by its peers while it would overwrite it, so
+/// the copies land in scratch and move into the buffer after a `Sync`
+/// (when no peer reads it any more).
+pub fn all_to_all(rank: usize, n: usize, count: usize, in_place: bool) -> Schedule {
+    let mut s = Schedule::default();
+    let ready = s.push(Action::Sync, &[]);
+    let to = if in_place { SCRATCH } else { OUTPUT };
+    if in_place {
+        s.scratch = n * count;
+    }
+    let mut deps = Vec::new();
+    if !in_place {
+        deps.push(s.push(
+            Action::Copy {
+                src: Span::new(INPUT, rank * count, count),
+                dst: Span::new(OUTPUT, rank * count, count),
+            },
+            &[ready],
+        ));
+    }
+    for k in (0..n).filter(|k| *k != rank) {
+        deps.push(s.push(
+            Action::CopyFrom {
+                peer: k,
+                src: Span::new(INPUT, rank * count, count),
+                dst: Span::new(to, k * count, count),
+            },
+            &[ready],
+        ));
+    }
+    let done = s.push(Action::Sync, &deps);
+    if in_place {
+        for k in (0..n).filter(|k| *k != rank) {
+            s.push(
+                Action::Copy {
+                    src: Span::new(SCRATCH, k * count, count),
+                    dst: Span::new(OUTPUT, k * count, count),
+                },
+                &[done],
+            );
+        }
+    }
+    s
+}
+
 /// `sched` (rank `rank` of `n`, written for mapped memory) for one-sided
 /// links: `ReduceFrom` becomes a `CopyFrom` of each peer's span into its
 /// own scratch slot plus a `Combine`, and each `Sync` a barrier: a
@@ -252,7 +322,12 @@ impl crate::Algorithm for Direct {
             && s.nranks > 1
             && matches!(
                 s.kind,
-                Kind::AllReduce | Kind::AllGather | Kind::Broadcast | Kind::ReduceScatter
+                Kind::AllReduce
+                    | Kind::AllGather
+                    | Kind::Broadcast
+                    | Kind::ReduceScatter
+                    | Kind::Reduce
+                    | Kind::AllToAll
             )
     }
     /// Always on mapped memory (no messages, no copies). Over one-sided
@@ -269,6 +344,8 @@ impl crate::Algorithm for Direct {
             Kind::AllReduce => all_reduce(r, n, c, s.avg),
             Kind::AllGather => all_gather(r, n, c, s.in_place),
             Kind::Broadcast => broadcast(r, c, s.root, s.in_place),
+            Kind::Reduce => reduce(r, c, s.root, s.avg),
+            Kind::AllToAll => all_to_all(r, n, c, s.in_place),
             _ => reduce_scatter(r, c, s.avg, s.in_place),
         };
         match s.direct {

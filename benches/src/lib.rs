@@ -52,14 +52,9 @@ pub fn main(coll: Coll) -> i32 {
             });
         }
     }
-    if args.registered
-        && !matches!(
-            coll,
-            Coll::AllReduce | Coll::AllGather | Coll::Broadcast | Coll::ReduceScatter
-        )
-    {
+    if args.registered && coll == Coll::SendRecv {
         eprintln!(
-            "{}: --registered (zero-copy registered buffers) is implemented for all_reduce_perf, all_gather_perf, broadcast_perf and reduce_scatter_perf",
+            "{}: --registered (zero-copy registered buffers) is implemented for every collective, not for sendrecv_perf",
             coll.program()
         );
         return 2;
@@ -233,7 +228,11 @@ fn measure_registered<T: TestElem>(
             (Coll::Broadcast, false) => comm.broadcast(send, recv, root),
             (Coll::ReduceScatter, true) => comm.reduce_scatter_in_place(send, op),
             (Coll::ReduceScatter, false) => comm.reduce_scatter(send, recv, op),
-            _ => unreachable!("refused in main"),
+            (Coll::Reduce, true) => comm.reduce_in_place(recv, op, root),
+            (Coll::Reduce, false) => comm.reduce(send, recv, op, root),
+            (Coll::AllToAll, true) => comm.all_to_all_in_place(recv),
+            (Coll::AllToAll, false) => comm.all_to_all(send, recv),
+            (Coll::SendRecv, _) => unreachable!("refused in main"),
         }
     };
     run(&mut send, &mut recv)?;

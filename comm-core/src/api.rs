@@ -111,9 +111,17 @@ pub(crate) fn run_coll(
 ) -> Result<()> {
     // Direct access when every buffer the call passes is registered and
     // mapped by every peer (an empty plain slice, like a non-root's `&[]`,
-    // does not count; at least one buffer must be registered).
+    // does not count; at least one buffer must be registered). A reduce's
+    // output is the root's alone, which no peer reads: its input decides.
     let passed = || {
         [send, Some(recv)]
+            .into_iter()
+            .flatten()
+            .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
+    };
+    let agreed = || {
+        let output = (c.kind != Kind::Reduce || send.is_none()).then_some(recv);
+        [send, output]
             .into_iter()
             .flatten()
             .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
@@ -121,7 +129,7 @@ pub(crate) fn run_coll(
     let direct = inner
         .direct
         .as_ref()
-        .filter(|_| passed().next().is_some() && passed().all(|r| st.is_direct(inner, &r)))
+        .filter(|_| agreed().next().is_some() && agreed().all(|r| st.is_direct(inner, &r)))
         .map(|d| d.access());
     // Small calls among ranks of one host skip the schedule: every rank
     // decides alike, from the call and the agreed settings (host memory
@@ -151,8 +159,13 @@ pub(crate) fn run_coll(
                 .filter(|(comm, _)| *comm == inner.comm_id)
                 .map_or(0, |(_, id)| id)
         };
+        // (A reduce's output is the root's alone: not agreed on.)
+        let output = match c.kind {
+            Kind::Reduce => 0,
+            _ => id(&recv),
+        };
         let ids = match direct {
-            Some(_) => id(&input) << 32 | id(&recv) & 0xffff_ffff,
+            Some(_) => id(&input) << 32 | output & 0xffff_ffff,
             None => 0,
         };
         return inner.execute_small(st, c.fingerprint(), small, ids, input, recv);

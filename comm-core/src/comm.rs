@@ -1096,7 +1096,10 @@ impl Inner {
         st.sync_phase = st.sync_phase.wrapping_add(syncs);
         let direct = if direct {
             let find = |r: Option<&Region>| r.and_then(|r| st.registered(self.comm_id, r));
-            let maps = [find(bufs.first()), find(bufs.get(1))];
+            // A reduce's output is the root's alone (a non-root may pass
+            // none): no peer addresses it, so ranks need not agree on it.
+            let output = bufs.get(1).filter(|_| fp.kind != crate::call::Kind::Reduce);
+            let maps = [find(bufs.first()), find(output)];
             Some(DirectCtx {
                 flags: st.flags.as_ref(),
                 base,

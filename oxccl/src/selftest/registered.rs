@@ -1,5 +1,6 @@
 //! The matrix on registered buffers (`alloc_shared`): every collective the
-//! `direct` algorithm runs, every dtype and op, in and out of place, each
+//! `direct` algorithm runs (all_reduce, all_gather, reduce_scatter,
+//! broadcast, reduce, all_to_all), every dtype and op, in and out of place, each
 //! element exact, and the algorithm that ran checked: `direct` when the
 //! buffers are reachable by every peer (shared memory mapped, RDMA read
 //! one-sided) and the call large enough for it, the message algorithms
@@ -186,6 +187,45 @@ fn others<T: TestElem>(k: &Check, counts: &[usize]) -> Result<(), String> {
             let want = |i: usize| expected(op, n, r * count + i);
             k.after(&out, count, want, &format!("{w}, out of place"))?;
         }
+        // reduce for every op and two roots, in and out of place; out of
+        // place a non-root passes no output (the root's alone is agreed
+        // on), and its input must come back unchanged.
+        for op in ReduceOp::ALL {
+            for root in [0, n - 1] {
+                let w = what(&format!("reduce {op} root {root}"));
+                let mine: Vec<T> = data(op, r, 0, count);
+                let want = |i: usize| match r == root {
+                    true => expected(op, n, i),
+                    false => mine[i],
+                };
+                let mut b = k.filled(&mine)?;
+                k.c.reduce_in_place(&mut b, op, root).map_err(err)?;
+                k.after(&b, count, want, &format!("{w}, in place"))?;
+                // (Registering is collective: every rank allocates.)
+                let src = k.filled(&mine)?;
+                let mut out = k.zeroed::<T>(count)?;
+                if r == root {
+                    k.c.reduce(&src, &mut out, op, root).map_err(err)?;
+                    k.after(&out, count, want, &format!("{w}, out of place"))?;
+                } else {
+                    k.c.reduce(&src, &mut Vec::<T>::new(), op, root)
+                        .map_err(err)?;
+                    k.after(&src, count, |i| mine[i], &format!("{w}, out of place"))?;
+                }
+            }
+        }
+        // all_to_all, in and out of place: segment k of the output is rank
+        // k's input segment `r`.
+        let w = what("all_to_all");
+        let full: Vec<T> = data(ReduceOp::Sum, r, 0, n * count);
+        let want = |i: usize| T::from_i(value(ReduceOp::Sum, i / count, r * count + i % count));
+        let mut b = k.filled(&full)?;
+        k.c.all_to_all_in_place(&mut b).map_err(err)?;
+        k.after(&b, count, want, &format!("{w}, in place"))?;
+        let src = k.filled(&full)?;
+        let mut out = k.zeroed::<T>(n * count)?;
+        k.c.all_to_all(&src, &mut out).map_err(err)?;
+        k.after(&out, count, want, &format!("{w}, out of place"))?;
     }
     Ok(())
 }
