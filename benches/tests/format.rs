@@ -214,7 +214,7 @@ fn bad_flags_exit_2_with_a_message() {
     let (code, _, err) = run(Coll::AllReduce, &["-d", "float128"]);
     assert_eq!(code, 2);
     assert!(err.contains("unknown datatype"));
-    let (code, _, err) = run(Coll::AllToAll, &["--registered"]);
+    let (code, _, err) = run(Coll::SendRecv, &["--registered"]);
     assert_eq!(code, 2);
     assert!(err.contains("registered"));
 }
@@ -239,8 +239,14 @@ const REGISTERED_SWEEP: &[&str] = &[
 ];
 
 #[test]
-fn registered_gather_broadcast_and_reduce_scatter_check_exactly() {
-    for c in [Coll::AllGather, Coll::Broadcast, Coll::ReduceScatter] {
+fn registered_gather_broadcast_reduce_scatter_reduce_and_alltoall_check_exactly() {
+    for c in [
+        Coll::AllGather,
+        Coll::Broadcast,
+        Coll::ReduceScatter,
+        Coll::Reduce,
+        Coll::AllToAll,
+    ] {
         let (code, out, err) = run(c, &[REGISTERED_SWEEP, &["-r", "2"]].concat());
         assert_eq!(code, 0, "{}: {err}", c.program());
         let p = parse(&out).unwrap();

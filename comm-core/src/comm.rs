@@ -1108,11 +1108,9 @@ impl Inner {
         } else {
             None
         };
-        let now = Instant::now();
-        self.notice_before(
+        let now = self.notice_before(
             &mut st.control,
             &mut st.control_checked,
-            now,
             &fp,
             seq,
             direct.as_ref(),
@@ -1141,16 +1139,7 @@ impl Inner {
     ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
-        // One clock read per call: the deadline and the look for notices.
-        let now = Instant::now();
-        self.notice_before(
-            &mut st.control,
-            &mut st.control_checked,
-            now,
-            &fp,
-            seq,
-            None,
-        )?;
+        let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, None)?;
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let State {
             net,
@@ -1168,16 +1157,18 @@ impl Inner {
     /// A failure elsewhere that was announced while this rank was between
     /// calls fails call `seq` before it sends anything. (Checked at most
     /// once a millisecond: back-to-back calls would otherwise pay a system
-    /// call each, and a failure still surfaces in any wait.)
+    /// call each, and a failure still surfaces in any wait.) Returns the
+    /// clock at the call's start.
     fn notice_before(
         &self,
         control: &mut Control,
         checked: &mut Instant,
-        now: Instant,
         fp: &Fingerprint,
         seq: u64,
         direct: Option<&DirectCtx<'_>>,
-    ) -> Result<()> {
+    ) -> Result<Instant> {
+        // One clock read per call: this look and the call's deadline.
+        let now = Instant::now();
         if now.saturating_duration_since(*checked) > Duration::from_millis(1) {
             *checked = now;
             if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {
@@ -1193,7 +1184,7 @@ impl Inner {
                 ));
             }
         }
-        Ok(())
+        Ok(now)
     }
 
     /// The executor's view of call `seq`.

@@ -122,6 +122,17 @@ mod avx2 {
         _mm_sfence,
     };
 
+    /// 256 bytes from `at` (unaligned loads).
+    ///
+    /// # Safety
+    /// AVX2 must be available; `at` must be valid for 256 bytes of reads.
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    unsafe fn load8(at: *const u8) -> [__m256i; 8] {
+        let ld = |k: usize| _mm256_loadu_si256(at.add(32 * k) as *const __m256i);
+        [ld(0), ld(1), ld(2), ld(3), ld(4), ld(5), ld(6), ld(7)]
+    }
+
     /// Copy with non-temporal stores: the bytes up to the destination's
     /// next cache line and after its last whole one go through `memcpy`,
     /// the lines between stream, 256 bytes per iteration; a store fence
@@ -139,16 +150,7 @@ mod avx2 {
         let ld = |at: usize| _mm256_loadu_si256(s.add(at) as *const __m256i);
         let mut i = 0;
         while i + 256 <= body {
-            let v = [
-                ld(i),
-                ld(i + 32),
-                ld(i + 64),
-                ld(i + 96),
-                ld(i + 128),
-                ld(i + 160),
-                ld(i + 192),
-                ld(i + 224),
-            ];
+            let v = load8(s.add(i));
             for (k, v) in v.into_iter().enumerate() {
                 // SAFETY: d + i is 64-byte aligned, so each store is 32-byte aligned.
                 _mm256_stream_si256(d.add(i + 32 * k) as *mut __m256i, v);
@@ -176,16 +178,7 @@ mod avx2 {
         // head's two stores cover [0, 64)).
         let mut i = 64 - (dst as usize & 63);
         while i + 256 <= end {
-            let v = [
-                ld(i),
-                ld(i + 32),
-                ld(i + 64),
-                ld(i + 96),
-                ld(i + 128),
-                ld(i + 160),
-                ld(i + 192),
-                ld(i + 224),
-            ];
+            let v = load8(src.add(i));
             for (k, v) in v.into_iter().enumerate() {
                 // SAFETY: dst + i is 64-byte aligned, so each store is 32-byte aligned.
                 _mm256_store_si256(dst.add(i + 32 * k) as *mut __m256i, v);
