@@ -34,6 +34,32 @@ fn fail(e: impl std::fmt::Display) -> ! {
     std::process::exit(1);
 }
 
+/// Creation failed: reported as the loops report a failed call (`ERROR
+/// <rank> <ms> <blamed> <kind>`, `DETAIL`), so a harness sees the culprit
+/// a survivor names whether the death struck during creation or a call.
+/// (A fast rank can leave creation's last exchange, run a few calls and
+/// die while a slower one has not yet seen that exchange complete.)
+fn failed_creation(e: oxccl::Error) -> ! {
+    let rank = [
+        "OXCCL_RANK",
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok());
+    if let Some(rank) = rank {
+        println!(
+            "ERROR {rank} {} {} {}",
+            epoch_ms(),
+            e.blamed_rank().map_or(-1, |r| r as i64),
+            error_kind(&e)
+        );
+        println!("DETAIL {rank} {e}");
+    }
+    fail(e)
+}
+
 fn error_kind(e: &oxccl::Error) -> &'static str {
     match e {
         oxccl::Error::PeerLost { .. } => "PeerLost",
@@ -113,7 +139,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("matrix");
     let t0 = Instant::now();
-    let comm = Communicator::from_env().unwrap_or_else(|e| fail(e));
+    let comm = Communicator::from_env().unwrap_or_else(|e| failed_creation(e));
     let init_s = t0.elapsed().as_secs_f64();
     let (rank, n) = (comm.rank(), comm.nranks());
     match mode {
