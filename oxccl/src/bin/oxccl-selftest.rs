@@ -49,15 +49,21 @@ fn failed_creation(e: oxccl::Error) -> ! {
     .iter()
     .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok());
     if let Some(rank) = rank {
-        println!(
-            "ERROR {rank} {} {} {}",
-            epoch_ms(),
-            e.blamed_rank().map_or(-1, |r| r as i64),
-            error_kind(&e)
-        );
-        println!("DETAIL {rank} {e}");
+        report_failed(rank, &e);
     }
     fail(e)
+}
+
+/// `ERROR <rank> <ms> <blamed> <kind>` and `DETAIL <rank> <error>`: how a
+/// failed call (or creation) is reported to the harnesses.
+fn report_failed(rank: usize, e: &oxccl::Error) {
+    println!(
+        "ERROR {rank} {} {} {}",
+        epoch_ms(),
+        e.blamed_rank().map_or(-1, |r| r as i64),
+        error_kind(e)
+    );
+    println!("DETAIL {rank} {e}");
 }
 
 fn error_kind(e: &oxccl::Error) -> &'static str {
@@ -453,13 +459,7 @@ fn main() {
                     other => fail(format!("unknown kind {other}")),
                 };
                 if let Err(e) = r {
-                    println!(
-                        "ERROR {rank} {} {} {}",
-                        epoch_ms(),
-                        e.blamed_rank().map_or(-1, |r| r as i64),
-                        error_kind(&e)
-                    );
-                    println!("DETAIL {rank} {e}");
+                    report_failed(rank, &e);
                     std::process::exit(3);
                 }
             }
