@@ -359,6 +359,7 @@ impl Communicator {
             nranks,
             config: config.clone(),
             bind_addr,
+            reserved_port: id.hosted_root().is_none().then(|| id.root().port()),
         };
         let mut endpoints = Vec::new();
         for t in &transports.list {
@@ -377,8 +378,14 @@ impl Communicator {
         let (hostname, host_id) = host_identity(config.host_id.as_deref());
         // Bound now so every rank knows where a shrunk communicator's root
         // would be, even if this communicator's own root is gone by then.
-        let rescue = std::net::TcpListener::bind((bind_addr, 0))
-            .map_err(|e| Error::Bootstrap(format!("cannot listen on {bind_addr}: {e}")))?;
+        let rescue = net::bind_clear_of(
+            ctx.reserved_port,
+            || {
+                std::net::TcpListener::bind((bind_addr, 0))
+                    .map_err(|e| Error::Bootstrap(format!("cannot listen on {bind_addr}: {e}")))
+            },
+            |l| l.local_addr().ok().map(|a| a.port()),
+        )?;
         let me = PeerInfo {
             rank,
             hostname,

@@ -160,6 +160,7 @@ fn strangers_are_rejected_during_setup_and_doors_close_after_it() {
             nranks: 2,
             config: cfg.clone(),
             bind_addr: "127.0.0.1".parse().unwrap(),
+            reserved_port: None,
         };
         let (c0, c1) = (ctx(0), ctx(1));
         let mut e0 = t.listen(&c0).unwrap();

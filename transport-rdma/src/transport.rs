@@ -72,8 +72,12 @@ impl RdmaTransport {
             // slots, so its writes overlap the peer's reads.
             slot_bytes: (ctx.config.chunk_bytes / 4).clamp(16 << 10, 4 << 20) as u32,
         });
-        let listener = TcpListener::bind(SocketAddr::new(ctx.bind_addr, 0))
-            .map_err(|e| Error::Bootstrap(format!("rdma setup listener: {e}")))?;
+        let bind = || {
+            TcpListener::bind(SocketAddr::new(ctx.bind_addr, 0))
+                .map_err(|e| Error::Bootstrap(format!("rdma setup listener: {e}")))
+        };
+        let port = |l: &TcpListener| l.local_addr().ok().map(|a| a.port());
+        let listener = comm_core::transport::net::bind_clear_of(ctx.reserved_port, bind, port)?;
         let local = listener
             .local_addr()
             .map_err(|e| Error::Bootstrap(e.to_string()))?;
@@ -116,6 +120,7 @@ impl RdmaTransport {
             nranks: 2,
             config: config.clone(),
             bind_addr: std::net::Ipv4Addr::LOCALHOST.into(),
+            reserved_port: None,
         };
         let (c0, c1) = (ctx(0), ctx(1));
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -264,6 +264,7 @@ fn strangers_at_the_setup_port_are_refused_while_the_pair_connects() {
         nranks: 2,
         config: Config::default(),
         bind_addr: "127.0.0.1".parse().unwrap(),
+        reserved_port: None,
     };
     let (c0, c1) = (ctx(0), ctx(1));
     let mut e0 = t.listen(&c0).unwrap();

@@ -41,13 +41,18 @@ impl Transport for TcpTransport {
 
     fn listen(&self, ctx: &SetupCtx) -> Result<Box<dyn Endpoint>> {
         let addr = SocketAddr::new(ctx.bind_addr, 0);
-        let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
-            .map_err(|e| Error::Bootstrap(format!("tcp socket: {e}")))?;
-        // Accepted sockets inherit the buffer sizes, which must be set
-        // before the handshake so TCP window scaling can use them.
-        configure(&sock, ctx.config.socket_buffer);
-        sock.bind(&SockAddr::from(addr))
-            .map_err(|e| Error::Bootstrap(format!("tcp bind {addr}: {e}")))?;
+        let bind = || {
+            let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+                .map_err(|e| Error::Bootstrap(format!("tcp socket: {e}")))?;
+            // Accepted sockets inherit the buffer sizes, which must be set
+            // before the handshake so TCP window scaling can use them.
+            configure(&sock, ctx.config.socket_buffer);
+            sock.bind(&SockAddr::from(addr))
+                .map_err(|e| Error::Bootstrap(format!("tcp bind {addr}: {e}")))?;
+            Ok(sock)
+        };
+        let port = |s: &Socket| s.local_addr().ok()?.as_socket().map(|a| a.port());
+        let sock = comm_core::transport::net::bind_clear_of(ctx.reserved_port, bind, port)?;
         sock.listen(1024)
             .map_err(|e| Error::Bootstrap(format!("tcp listen: {e}")))?;
         let listener: TcpListener = sock.into();

@@ -35,6 +35,9 @@ pub struct SetupCtx {
     pub config: Config,
     /// Local address chosen by `OXCCL_SOCKET_IFNAME` rules.
     pub bind_addr: IpAddr,
+    /// The rendezvous root's port when another process hosts it: no
+    /// listener of this rank may take it (see [`net::bind_clear_of`]).
+    pub reserved_port: Option<u16>,
 }
 
 /// A way to reach peers (TCP, shared memory, RDMA, ...).

@@ -108,6 +108,28 @@ pub fn pick_from(all: &[Interface], ifname: Option<&str>) -> Result<IpAddr> {
     })
 }
 
+/// A listener on an ephemeral port (`bind` asks the kernel for port 0)
+/// that is not `reserved`. A rank can start before the rank that hosts the
+/// rendezvous root has bound the root's port, and the kernel may hand
+/// that very port out as an ephemeral one (a root port picked from the
+/// ephemeral range, as a free-port helper does, is often free again
+/// right away): the root then cannot listen and the whole job fails to
+/// start. Should it happen, bind again while holding the first socket
+/// (so the kernel gives another port), then let the first go.
+pub fn bind_clear_of<L>(
+    reserved: Option<u16>,
+    mut bind: impl FnMut() -> Result<L>,
+    port: impl Fn(&L) -> Option<u16>,
+) -> Result<L> {
+    let first = bind()?;
+    if reserved.is_none() || port(&first) != reserved {
+        return Ok(first);
+    }
+    let second = bind()?;
+    drop(first);
+    Ok(second)
+}
+
 /// An epoll fd watching `fds` for input and hang-up: one fd a link hands
 /// the executor's `poll(2)` for several wake-up sources.
 pub fn epoll_of(fds: &[std::os::fd::RawFd]) -> std::io::Result<std::os::fd::OwnedFd> {
@@ -148,6 +170,19 @@ pub fn hung_up(fd: std::os::fd::RawFd) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_listener_never_keeps_the_reserved_port() {
+        // The kernel's picks, in order: the root's port first.
+        let picks = |v: Vec<u16>| {
+            let mut it = v.into_iter();
+            move || Ok(it.next().expect("bound at most twice"))
+        };
+        let port = |p: &u16| Some(*p);
+        assert_eq!(bind_clear_of(Some(7), picks(vec![7, 9]), port).unwrap(), 9);
+        assert_eq!(bind_clear_of(Some(7), picks(vec![8]), port).unwrap(), 8);
+        assert_eq!(bind_clear_of(None, picks(vec![7]), port).unwrap(), 7);
+    }
 
     fn list() -> Vec<Interface> {
         vec![
