@@ -27,6 +27,7 @@ pub trait Algorithm: Sync {
 pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::direct::Direct,
     &crate::oneshot::OneShot,
+    &crate::copyin::CopyIn,
     &crate::hier::Hier,
     &crate::ring::Ring,
     &crate::chain::Chain,

@@ -21,7 +21,7 @@
 //! a missing dependency shows up as a difference.
 
 use crate::algorithm::Algorithm;
-use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH, STAGE};
+use crate::schedule::{Action, BufId, Schedule, Span, INPUT, OUTPUT, SCRATCH, SHARED, STAGE};
 use crate::spec::{Access, CollSpec, Kind, Layout};
 use std::collections::{HashMap, HashSet};
 
@@ -36,6 +36,8 @@ pub const MEM_SCRATCH: u32 = 2;
 pub const MEM_P2P: u32 = 3;
 /// The host staging memory of staged schedules.
 pub const MEM_STAGE: u32 = u32::MAX - 1;
+/// The shared memory of copy-in schedules (peers read it).
+pub const MEM_SHARED: u32 = u32::MAX - 2;
 
 /// One rank's memories and where each buffer id lies in them.
 #[derive(Clone, Debug, Default)]
@@ -66,6 +68,8 @@ impl Setup {
         s.layout.insert(SCRATCH, (MEM_SCRATCH, 0));
         s.mems.insert(MEM_STAGE, vec![None; sched.stage]);
         s.layout.insert(STAGE, (MEM_STAGE, 0));
+        s.mems.insert(MEM_SHARED, vec![None; sched.shared]);
+        s.layout.insert(SHARED, (MEM_SHARED, 0));
         if !spec.in_place {
             s.mems.insert(MEM_IN, leaves_of(r, ilen));
             s.mems.insert(MEM_OUT, vec![None; olen]);
@@ -441,6 +445,20 @@ pub fn simulate(
             msgs.keys().collect::<Vec<_>>()
         ));
     }
+    // A rank leaves the call when its last step completes; its next call
+    // may then overwrite its memory, so every peer's read of it must come
+    // before (ordered by a `Sync` or a message), not merely within the call.
+    for ((owner, m, j), reads) in &races.read {
+        let mut exit = entry[*owner].clone();
+        for c in clocks[*owner].iter().flatten() {
+            join(&mut exit, c);
+        }
+        if let Some((q, _)) = reads.iter().find(|(q, e)| exit[*q] < *e) {
+            return Err(format!(
+                "rank {owner} can leave the call while rank {q} may still read element {j} of its memory {m} (its next call may overwrite it)"
+            ));
+        }
+    }
     Ok(ranks)
 }
 
@@ -744,7 +762,8 @@ pub fn layouts(n: usize) -> Vec<Option<Layout>> {
 
 /// Every spec the registry tests cover for `kind` on `n` ranks: counts
 /// around the rank count, tiny and odd chunks, both reductions, in and out
-/// of place, three roots, with and without direct access, every layout.
+/// of place, three roots, with and without direct access, every layout,
+/// shared memory of none, one-element and four-element pieces.
 pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
     let counts: &[usize] = match kind {
         Kind::Barrier => &[0],
@@ -759,7 +778,15 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
                 for in_place in [false, true] {
                     for &root in &roots {
                         for direct in [None, Some(Access::Mapped), Some(Access::OneSided)] {
-                            for layout in layouts(n) {
+                            // Shared memory only matters without direct access.
+                            let shared: &[usize] = match direct {
+                                None => &[0, 3, 8],
+                                Some(_) => &[0],
+                            };
+                            for (layout, &shared) in layouts(n)
+                                .into_iter()
+                                .flat_map(|l| shared.iter().map(move |s| (l, s)))
+                            {
                                 v.push(CollSpec {
                                     kind,
                                     rank: 0,
@@ -772,6 +799,7 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
                                     elem_size: 4,
                                     direct,
                                     layout,
+                                    shared,
                                 });
                             }
                         }
@@ -802,6 +830,9 @@ pub fn cases(alg: &dyn Algorithm, kind: Kind, n: usize) -> Vec<CollSpec> {
             }
             if s.layout.is_some() && alg.supports(&CollSpec { layout: None, ..s }) {
                 s.layout = None;
+            }
+            if s.shared > 0 && alg.supports(&CollSpec { shared: 0, ..s }) {
+                s.shared = 0;
             }
             s
         })

@@ -228,6 +228,7 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
         steps: Vec::with_capacity(sched.steps.len() * 2),
         scratch: sched.scratch,
         stage: sched.stage,
+        shared: sched.shared,
     };
     // Old step -> the new step that completes it (Syncs have none: the
     // fence below stands for them).

@@ -15,6 +15,7 @@ pub mod algorithm;
 pub mod bruck;
 pub mod chain;
 pub mod check;
+pub mod copyin;
 pub mod dbtree;
 pub mod direct;
 pub mod dissemination;
@@ -34,7 +35,8 @@ pub mod tree;
 pub use algorithm::{choose, find, names, Algorithm, REGISTRY};
 pub use p2p::{p2p, P2pStep};
 pub use schedule::{
-    chunks, seg_len, seg_off, Action, BufId, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH, STAGE,
+    chunks, seg_len, seg_off, Action, BufId, Schedule, Span, Step, INPUT, OUTPUT, SCRATCH, SHARED,
+    STAGE,
 };
 pub use spec::{Access, CollSpec, Kind, Layout, Tuning};
 pub use staged::staged;

@@ -25,6 +25,11 @@ pub const SCRATCH: BufId = u16::MAX;
 /// Executor-owned host memory of `Schedule::stage` elements that messages
 /// of a staged schedule travel through ([`crate::staged`]).
 pub const STAGE: BufId = u16::MAX - 1;
+/// Executor-owned host memory of `Schedule::shared` elements that every
+/// rank of one host maps: a direct step may read a peer's (the copy-in
+/// algorithm, [`crate::copyin`], for plain buffers). Only schedules of a
+/// spec with `shared > 0` use it.
+pub const SHARED: BufId = u16::MAX - 2;
 
 /// A span of elements in one buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,6 +113,8 @@ pub struct Schedule {
     pub scratch: usize,
     /// Elements of host staging memory ([`STAGE`]) it uses.
     pub stage: usize,
+    /// Elements of shared memory ([`SHARED`]) it uses.
+    pub shared: usize,
 }
 
 impl Schedule {

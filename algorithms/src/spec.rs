@@ -85,6 +85,9 @@ pub struct CollSpec {
     /// them in one of the placements launchers use (for hierarchical
     /// algorithms); `None` when unknown or irregular.
     pub layout: Option<Layout>,
+    /// Elements of shared memory ([`crate::SHARED`]) each rank has and
+    /// every peer maps (ranks of one host); 0 when there is none.
+    pub shared: usize,
 }
 
 /// Ranks spread evenly over hosts: `per_host` on each, in blocks (rank `r`
@@ -176,6 +179,7 @@ impl CollSpec {
             elem_size: 4,
             direct: None,
             layout: None,
+            shared: 0,
         }
     }
 
@@ -218,12 +222,15 @@ impl CollSpec {
 pub struct Tuning {
     /// Largest all_reduce (bytes per rank) for the one-shot algorithm.
     pub oneshot_bytes: usize,
+    /// Smallest all_reduce (bytes per rank) for the copy-in algorithm.
+    pub copyin_bytes: usize,
 }
 
 impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {
             oneshot_bytes: 16 << 10,
+            copyin_bytes: 1 << 20,
         }
     }
 }

@@ -74,6 +74,7 @@ pub fn staged(sched: &Schedule) -> Schedule {
     keys.sort_unstable();
     let mut out = Schedule {
         scratch: sched.scratch,
+        shared: sched.shared,
         ..Schedule::default()
     };
     let mut lanes = HashMap::new();
@@ -214,6 +215,7 @@ mod tests {
             elem_size: 4,
             direct: None,
             layout: None,
+            shared: 0,
         };
         let plain = crate::ring::Ring.build(&spec);
         let s = staged(&plain);

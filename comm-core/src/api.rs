@@ -170,6 +170,16 @@ pub(crate) fn run_coll(
         };
         return inner.execute_small(st, c.fingerprint(), small, ids, input, recv);
     }
+    // Links move host bytes: a call on memory the CPU cannot touch sends
+    // and receives through host staging slots (direct calls never do).
+    let staged =
+        direct.is_none() && (inner.config.stage_always || passed().any(|r| !r.space.is_host()));
+    // Plain host buffers of ranks that map each other's shared memory may
+    // run copy-in schedules.
+    let shared = match st.staging.is_some() && direct.is_none() && !staged {
+        true => crate::executor::SHARED_BYTES / c.dtype.size(),
+        false => 0,
+    };
     let spec = CollSpec {
         kind: c.kind,
         rank: inner.rank,
@@ -182,11 +192,8 @@ pub(crate) fn run_coll(
         elem_size: c.dtype.size(),
         direct,
         layout: inner.layout,
+        shared,
     };
-    // Links move host bytes: a call on memory the CPU cannot touch sends
-    // and receives through host staging slots (direct calls never do).
-    let staged =
-        direct.is_none() && (inner.config.stage_always || passed().any(|r| !r.space.is_host()));
     let plan = st.schedule(&spec, staged, inner.config.algo.as_deref(), &inner.tuning())?;
     inner.last_algorithm.store(
         plan.index.wrapping_add(1),

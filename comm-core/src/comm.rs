@@ -108,8 +108,12 @@ pub(crate) struct State {
     monitored: u64,
     /// The running call's own deadline, when its handle sets one.
     call_timeout: Option<Duration>,
-    /// Shared flag pages of this host's ranks (first `alloc_shared`).
+    /// Shared flag pages of this host's ranks (at creation when all ranks
+    /// share one host, else at the first `alloc_shared`).
     pub(crate) flags: Option<SyncFlags>,
+    /// Every rank's shared memory of copy-in schedules, when all ranks
+    /// share this host.
+    pub(crate) staging: Option<SharedMaps>,
     /// Every rank's small page, when all ranks share this host
     /// ([`executor::small`]).
     pub(crate) small: Option<executor::small::SmallPages>,
@@ -191,8 +195,9 @@ impl State {
             };
             let planned = Planned {
                 index,
+                // Shared memory is reached, and phased, as direct steps are.
+                direct: direct || sched.shared > 0,
                 sched: Arc::new(sched),
-                direct,
             };
             self.schedules.push((key, planned));
         }
@@ -522,6 +527,7 @@ impl Communicator {
                     control,
                     control_checked: Instant::now(),
                     flags: None,
+                    staging: None,
                     small: None,
                     shared_allocs: 0,
                     shared: Vec::new(),
@@ -552,14 +558,16 @@ impl Communicator {
             }),
             timeout: None,
         };
-        comm.share_small_pages()?;
+        comm.share_host_pages()?;
         Ok(comm)
     }
 
-    /// Map every rank's small page when all ranks share this host (the
-    /// host's direct access maps memory): the small-message path
-    /// ([`executor::small`]). Collective; nothing to do otherwise.
-    fn share_small_pages(&self) -> Result<()> {
+    /// Map every rank's host pages when all ranks share this host (the
+    /// host's direct access maps memory): the small page of the
+    /// small-message path ([`executor::small`]), the phase flags of direct
+    /// steps, and the shared memory of copy-in schedules
+    /// ([`crate::algorithms::copyin`]). Collective; nothing to do otherwise.
+    fn share_host_pages(&self) -> Result<()> {
         let Some(d) = self
             .inner
             .direct
@@ -569,32 +577,66 @@ impl Communicator {
             return Ok(());
         };
         let (me, n) = (self.rank(), self.nranks());
-        let (own, handle) = d.export(executor::small::PAGE)?;
-        let mut rec = Vec::with_capacity(SMALL_RECORD);
-        crate::mem::shared::put_handle(&mut rec, &handle)?;
-        let mut all = vec![0u8; SMALL_RECORD * n];
+        // (small page, flag page, shared memory), in this order everywhere.
+        let sizes = [
+            executor::small::PAGE,
+            executor::FLAG_PAGE,
+            executor::SHARED_BYTES,
+        ];
+        let mut own = Vec::with_capacity(sizes.len());
+        let mut rec = Vec::with_capacity(PAGES_RECORD);
+        for len in sizes {
+            let (m, handle) = d.export(len)?;
+            crate::mem::shared::put_handle(&mut rec, &handle)?;
+            own.push(m);
+        }
+        let mut all = vec![0u8; PAGES_RECORD * n];
         self.all_gather(&rec, &mut all)?;
-        let mut peers: Vec<Option<Box<dyn crate::transport::Mapped>>> =
-            (0..n).map(|_| None).collect();
+        let mut peers: Vec<Vec<Option<Box<dyn crate::transport::Mapped>>>> = sizes
+            .iter()
+            .map(|_| (0..n).map(|_| None).collect())
+            .collect();
         for k in (0..n).filter(|k| *k != me) {
-            let rec = &all[k * SMALL_RECORD..(k + 1) * SMALL_RECORD];
-            let h = crate::mem::shared::get_handle(rec, 0, k)?;
-            peers[k] = match d.import(k, h, executor::small::PAGE)? {
-                crate::transport::PeerMemory::Mapped(m) => Some(m),
-                crate::transport::PeerMemory::Remote(_) => {
-                    return Err(Error::Protocol(format!(
-                        "rank {k}'s small page is not mappable though direct access maps memory"
-                    )))
-                }
-            };
+            let rec = &all[k * PAGES_RECORD..(k + 1) * PAGES_RECORD];
+            for (i, len) in sizes.into_iter().enumerate() {
+                let h = crate::mem::shared::get_handle(rec, i * HANDLE_RECORD, k)?;
+                peers[i][k] = match d.import(k, h, len)? {
+                    crate::transport::PeerMemory::Mapped(m) => Some(m),
+                    crate::transport::PeerMemory::Remote(_) => {
+                        return Err(Error::Protocol(format!(
+                            "rank {k}'s host pages are not mappable though direct access maps memory"
+                        )))
+                    }
+                };
+            }
         }
         // Nobody may close its fds before every peer has opened them.
         self.barrier()?;
+        let (shared_own, flag_own, small_own) = (own.pop(), own.pop(), own.pop());
+        let (shared_peers, flag_peers, small_peers) = (peers.pop(), peers.pop(), peers.pop());
+        let shared = SharedMaps {
+            id: 0,
+            own: shared_own.expect("three pages"),
+            peers: shared_peers
+                .expect("three pages")
+                .into_iter()
+                .map(|m| m.map(crate::transport::PeerMemory::Mapped))
+                .collect(),
+            zero_copy: true,
+        };
         // The program's first collective is #0 (in messages, as before):
         // every rank made the same two calls, none is in flight, and the
         // pages hold nothing yet (they come into use only now).
         self.run(move |_, st| {
-            st.small = Some(executor::small::SmallPages::new(own, peers));
+            st.small = Some(executor::small::SmallPages::new(
+                small_own.expect("three pages"),
+                small_peers.expect("three pages"),
+            ));
+            st.flags = Some(SyncFlags::new(
+                flag_own.expect("three pages"),
+                flag_peers.expect("three pages"),
+            ));
+            st.staging = Some(shared);
             st.seq = 0;
             Ok(())
         })
@@ -937,8 +979,11 @@ impl Communicator {
 /// Bytes per rank in the id exchange of `split`.
 const ID_RECORD: usize = 128;
 
-/// Bytes per rank in the small-page exchange: a handle's length and bytes.
-const SMALL_RECORD: usize = 1 + crate::mem::shared::HANDLE_MAX;
+/// Bytes of one handle in the host-page exchange: its length and bytes.
+const HANDLE_RECORD: usize = 1 + crate::mem::shared::HANDLE_MAX;
+
+/// Bytes per rank in the host-page exchange: three handles.
+const PAGES_RECORD: usize = 3 * HANDLE_RECORD;
 
 /// `last_algorithm`'s value for the small-message path (not a schedule).
 pub(crate) const SMALL_PATH: usize = usize::MAX;
@@ -1111,6 +1156,8 @@ impl Inner {
                 flags: st.flags.as_ref(),
                 base,
                 maps,
+                shared: st.staging.as_ref(),
+                small: st.small.as_ref(),
             })
         } else {
             None
@@ -1125,7 +1172,7 @@ impl Inner {
         // A peer waiting for this call on the small-message path learns
         // that this rank runs another.
         if let Some(p) = &st.small {
-            p.publish_general(self.rank, &fp, seq);
+            p.publish_general(self.rank, &fp, seq, direct.is_some());
         }
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let mut cx = self.call_ctx(&mut st.control, now, timeout, fp, seq, direct);
@@ -1284,6 +1331,7 @@ impl Inner {
     pub(crate) fn tuning(&self) -> Tuning {
         Tuning {
             oneshot_bytes: self.config.oneshot_bytes,
+            ..Tuning::default()
         }
     }
 

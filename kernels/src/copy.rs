@@ -71,6 +71,24 @@ pub unsafe fn copy_cached(dst: *mut u8, src: *const u8, n: usize) {
     cached_with(Isa::detect(), dst, src, n)
 }
 
+/// [`copy`] that streams whatever its size (from 4 KiB, with AVX2): for a
+/// piece of a large final output that nobody reads soon (the copy-in
+/// all-reduce writes its output a piece at a time, each piece smaller
+/// than [`STREAM_MIN`] though the output is not).
+///
+/// # Safety
+/// As for [`copy`].
+#[inline]
+pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if n >= 4096 && Isa::detect() >= Isa::Avx2 && Isa::Avx2.is_supported() {
+        // SAFETY: AVX2 is supported (checked above); the caller's contract
+        // covers the ranges; n >= 4096 > 64.
+        return avx2::stream(dst, src, n);
+    }
+    copy(dst, src, n)
+}
+
 /// [`copy`] with an explicit ISA (tests and benchmarks); an ISA the CPU
 /// lacks falls back to `memcpy`.
 ///

@@ -110,6 +110,25 @@ fn all_cases(cfg: Config) {
         |c| c.all_reduce_in_place(&mut vec![1f32; 40000], ReduceOp::Sum),
         |c| c.all_reduce_in_place(&mut vec![1f32; 40000], ReduceOp::Max),
     );
+    // From 1 MiB on one host: the copy-in all_reduce, in phases, against
+    // another in phases (checked at its first phase) and against a ring
+    // exchanging messages (the phased ranks see the other's published call).
+    case(
+        cfg.clone(),
+        "large op",
+        "all_reduce(count=300000, f32, sum)",
+        "all_reduce(count=300000, f32, max)",
+        |c| c.all_reduce_in_place(&mut vec![1f32; 300_000], ReduceOp::Sum),
+        |c| c.all_reduce_in_place(&mut vec![1f32; 300_000], ReduceOp::Max),
+    );
+    case(
+        cfg.clone(),
+        "large collective",
+        "all_reduce(count=300000, f32, sum)",
+        "all_gather(count=100000, f32)",
+        |c| c.all_reduce_in_place(&mut vec![1f32; 300_000], ReduceOp::Sum),
+        |c| c.all_gather_in_place(&mut vec![1f32; 300_000]),
+    );
     case(
         cfg.clone(),
         "root",
@@ -182,6 +201,19 @@ fn mismatch_matrix_registered() {
         "on registered buffers 2/2",
         |c| two(c, true),
         |c| two(c, false),
+    );
+    // A rank passing plain memory runs messages (below the copy-in size)
+    // while the others run phases on registered memory.
+    case(
+        test_config(),
+        "registered or plain",
+        "on registered buffers 1/1",
+        "count=16384",
+        |c| reg(c, 16384, ReduceOp::Sum),
+        |c| {
+            let _registered = c.alloc_shared::<f32>(16384)?;
+            c.all_reduce_in_place(&mut vec![1f32; 16384], ReduceOp::Sum)
+        },
     );
     case(
         test_config(),

@@ -39,6 +39,11 @@ pub trait Compute: Send {
     fn reaches(&self, space: MemorySpace) -> bool;
     /// Start `dst = src` (same length; they may overlap).
     fn copy(&mut self, dst: Region, src: Region) -> Result<Pending>;
+    /// [`Compute::copy`] into a large call's final output, which nobody
+    /// reads soon: a host engine may write it past the cache.
+    fn copy_final(&mut self, dst: Region, src: Region) -> Result<Pending> {
+        self.copy(dst, src)
+    }
     /// Start `dst = srcs[0] op srcs[1] op ..`, combined in that order (so
     /// every rank computing the same combination gets the same bits). `dst`
     /// may be one of the sources; sources may not overlap `dst` otherwise.

@@ -19,6 +19,8 @@
 //! [`DirectAccess`]: crate::transport::DirectAccess
 
 use super::call::describe_call;
+use super::small::SmallPages;
+use crate::algorithms::SHARED;
 use crate::call::Fingerprint;
 use crate::error::{Error, Result};
 use crate::mem::shared::SharedMaps;
@@ -66,6 +68,10 @@ impl SyncFlags {
 /// Bytes of a flag page.
 pub(crate) const FLAG_PAGE: usize = 4096;
 
+/// Bytes of each rank's shared memory for copy-in schedules: two pieces
+/// (see [`crate::algorithms::copyin`]). Pages are touched only when used.
+pub(crate) const SHARED_BYTES: usize = 4 << 20;
+
 /// Where a span of a peer's buffer lies.
 pub(crate) enum PeerSpan {
     /// Mapped here (or this rank's own).
@@ -82,6 +88,13 @@ pub(crate) struct DirectCtx<'a> {
     pub base: u32,
     /// The registered buffers behind INPUT and OUTPUT (None: plain memory).
     pub maps: [Option<Arc<SharedMaps>>; 2],
+    /// Every rank's shared memory of copy-in schedules ([`SHARED`]), when
+    /// the ranks map each other's.
+    pub shared: Option<&'a SharedMaps>,
+    /// Every rank's small page (ranks of one host), where each publishes
+    /// the general call it runs: a peer exchanging messages in this call
+    /// would never reach its phases.
+    pub small: Option<&'a SmallPages>,
 }
 
 impl DirectCtx<'_> {
@@ -101,13 +114,24 @@ impl DirectCtx<'_> {
         })
     }
 
+    /// The first `bytes` of this rank's shared memory ([`SHARED`]).
+    pub fn shared_own(&self, bytes: usize) -> Result<Region> {
+        match self.shared.map(|m| m.own.region()) {
+            Some(r) if r.len >= bytes => Ok(r.sub(0, bytes)),
+            _ => Err(Error::Protocol(format!(
+                "a schedule uses {bytes} bytes of shared memory, which this communicator has not (internal error)"
+            ))),
+        }
+    }
+
     /// Where span bytes `[off, off+len)` of this rank's buffer `buf`
     /// (`mine`, already resolved here) lie in rank `peer`'s copy of it.
     pub fn peer_span(&self, buf: u16, mine: Region, peer: usize) -> Result<PeerSpan> {
-        let m = self
-            .maps
-            .get(buf as usize)
-            .and_then(|m| m.as_ref())
+        let m = match buf {
+            SHARED => self.shared,
+            b => self.maps.get(b as usize).and_then(|m| m.as_deref()),
+        };
+        let m = m
             .filter(|m| m.zero_copy)
             .ok_or_else(|| {
                 Error::Protocol(format!(
@@ -195,6 +219,25 @@ pub(crate) fn lagging(
     let f = dx.flags()?;
     for k in (0..n).filter(|k| *k != me) {
         if !reached(f.phase(k).load(Ordering::Acquire), target) {
+            // A peer running this call with messages never arrives (its
+            // buffers are not of the kind ours are: plain, registered or
+            // device memory, so it chose another algorithm).
+            if let (Some((fp, seq)), Some(p)) = (first, dx.small) {
+                if let Some((theirs, false)) = p.general_call(k, seq) {
+                    return Err(Error::Mismatch {
+                        local: describe(&fp, seq, dx.ids()),
+                        peer: k,
+                        world_peer: k,
+                        remote: match theirs {
+                            Some(t) => format!(
+                                "{} exchanging messages (other kinds of buffers)",
+                                describe(&t, seq, 0)
+                            ),
+                            None => "something unreadable".into(),
+                        },
+                    });
+                }
+            }
             return Ok(Some(k));
         }
         if let Some((fp, seq)) = first {

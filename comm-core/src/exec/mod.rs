@@ -29,14 +29,14 @@ pub(crate) use call::{describe_call, CallCtx, CallName};
 
 pub(crate) use direct::describe_own;
 use direct::PeerSpan;
-pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE};
+pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE, SHARED_BYTES};
 pub use header::{WireHeader, HEADER_LEN};
 
 use crate::bootstrap::ControlEvent;
 use crate::compute::{Compute, HostCompute, Pending};
 use crate::error::{Error, Result};
 use crate::mem::Region;
-use crate::schedule::{Action, Schedule, Span, SCRATCH, STAGE};
+use crate::schedule::{Action, Schedule, Span, SCRATCH, SHARED, STAGE};
 use crate::transport::{Link, Registration, Registry};
 use crate::wait::{Sleep, Spin, Stop};
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
@@ -217,6 +217,7 @@ struct Chan {
 struct Owned {
     scratch: Region,
     stage: Region,
+    shared: Region,
 }
 
 /// The memory of `sp`: a caller buffer, scratch or staging. Spans outside
@@ -225,6 +226,7 @@ fn region(bufs: &[Region], own: Owned, sp: Span, es: usize) -> Region {
     let base = match sp.buf {
         SCRATCH => own.scratch,
         STAGE => own.stage,
+        SHARED => own.shared,
         b => bufs[b as usize],
     };
     base.sub(sp.off * es, sp.len * es)
@@ -276,7 +278,21 @@ fn execute_with(
         None => net.scratch_of(sched.scratch * es, cx.direct.is_some())?,
     };
     let stage = net.stage_of(engine, sched.stage * es)?;
-    let own = Owned { scratch, stage };
+    let shared = match sched.shared {
+        0 => Region::host_mut(&mut []),
+        n => direct_ctx(cx)?.shared_own(n * es)?,
+    };
+    let own = Owned {
+        scratch,
+        stage,
+        shared,
+    };
+    // What leaves shared memory lands in the call's final output; a large
+    // output would not stay cached, so those copies stream past the cache
+    // (without reading each line for ownership first).
+    let stream_out = bufs
+        .get(crate::schedule::OUTPUT as usize)
+        .is_some_and(|o| o.len >= kernels::copy::STREAM_MIN);
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -401,6 +417,7 @@ fn execute_with(
             .map(|p| p + from)
     };
     let mut next_sync = next_sync_from(0);
+    let mut first_local = 0;
     let mut syncs_passed: u32 = 0;
     let mut arrived = false;
 
@@ -446,15 +463,24 @@ fn execute_with(
         }
 
         // Local steps whose inputs are ready.
-        for &i in locals.iter() {
+        // Local steps are listed in schedule order: the scan starts at the
+        // first one not done and stops past the next `Sync` (nothing passes
+        // it), so a long schedule of pieces costs no quadratic scanning.
+        while first_local < locals.len() && done[locals[first_local] as usize] {
+            first_local += 1;
+        }
+        for &i in locals[first_local..].iter() {
             let iu = i as usize;
+            if next_sync.is_some_and(|s| iu > s) {
+                break;
+            }
             if done[iu] || started[iu] || !ready(done, i) {
                 continue;
             }
-            if next_sync.is_some_and(|s| iu > s) {
-                continue;
-            }
             let pending = match sched.steps[iu].action {
+                Action::Copy { src, dst } if src.buf == SHARED && stream_out => {
+                    compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
+                }
                 Action::Copy { src, dst } => {
                     compute.copy(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
@@ -505,6 +531,9 @@ fn execute_with(
                     let dx = direct_ctx(cx)?;
                     let to = region(bufs, own, dst, es);
                     match dx.peer_span(src.buf, region(bufs, own, src, es), peer)? {
+                        PeerSpan::Mapped(from) if src.buf == SHARED && stream_out => {
+                            compute.copy_final(to, from)?
+                        }
                         PeerSpan::Mapped(from) => compute.copy(to, from)?,
                         PeerSpan::Remote(from) => {
                             let Some(os) = net.links[peer].as_mut().and_then(|l| l.one_sided())

@@ -68,8 +68,11 @@ const SLOT_WORDS: usize = 0;
 /// `[finished: u32 (low half of s + 1 of the last call this rank
 /// finished on this path; calls finish in order), waiters: u32]`.
 const FINISHED: usize = 64 * DEPTH;
-/// The call this rank runs on the general path: `[s + 1, fp, fp]`.
+/// The call this rank runs on the general path: `[s + 1, fp, fp]`, with
+/// [`PHASED`] set in `s + 1` when it runs in phases (direct steps).
 const GENERAL: usize = FINISHED + 64;
+/// The flag of a general call that runs in phases rather than messages.
+const PHASED: u64 = 1 << 63;
 /// The slots' data, on the first page boundary after the control words.
 const DATA: usize = (GENERAL + 24).next_multiple_of(4096);
 
@@ -189,14 +192,30 @@ impl SmallPages {
         }
     }
 
-    /// Say that this rank runs call `seq` on the general path (so a peer
-    /// waiting for it on the small path reports the mismatch).
-    pub(crate) fn publish_general(&self, me: usize, fp: &Fingerprint, seq: u64) {
+    /// Say that this rank runs call `seq` on the general path, in phases
+    /// or with messages (so a peer waiting for it on the small path, or in
+    /// phases while this rank exchanges messages, reports the mismatch).
+    pub(crate) fn publish_general(&self, me: usize, fp: &Fingerprint, seq: u64, phased: bool) {
         let [s, a, b] = self.general(me);
         let [x, y] = fp.to_words();
         a.store(x, Ordering::Relaxed);
         b.store(y, Ordering::Relaxed);
-        s.store(seq + 1, Ordering::Release);
+        s.store(
+            (seq + 1) | if phased { PHASED } else { 0 },
+            Ordering::Release,
+        );
+    }
+
+    /// The call rank `k` runs on the general path, if it is call `seq`:
+    /// its fingerprint (`None`: unreadable) and whether it runs in phases.
+    pub(crate) fn general_call(&self, k: usize, seq: u64) -> Option<(Option<Fingerprint>, bool)> {
+        let [gs, ga, gb] = self.general(k);
+        let v = gs.load(Ordering::Acquire);
+        (v & !PHASED == seq + 1).then(|| {
+            let fp =
+                Fingerprint::from_words([ga.load(Ordering::Relaxed), gb.load(Ordering::Relaxed)]);
+            (fp, v & PHASED != 0)
+        })
     }
 }
 
@@ -319,12 +338,7 @@ pub(crate) fn run(
                 };
             }
             // A peer on the general path for this call runs another call.
-            let [gs, ga, gb] = p.general(k);
-            if gs.load(Ordering::Acquire) == target {
-                let theirs = Fingerprint::from_words([
-                    ga.load(Ordering::Relaxed),
-                    gb.load(Ordering::Relaxed),
-                ]);
+            if let Some((theirs, _)) = p.general_call(k, seq) {
                 return Err(mismatch(&fp, ids, k, seq, theirs, 0));
             }
             Ok(Peer::NotYet)

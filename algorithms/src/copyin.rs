@@ -1,0 +1,109 @@
+//! Copy-in all-reduce: plain buffers at the speed of direct access, for
+//! ranks that map each other's executor-owned shared memory ([`SHARED`]:
+//! one host).
+//!
+//! Peers cannot read a plain buffer, so each rank copies its input, one
+//! piece at a time, into its shared memory; the owner of each segment of
+//! the piece reduces that segment of every rank's copy, in place in its
+//! own; then every rank copies the reduced segments into its output:
+//!
+//! ```text
+//! piece j:  Copy input -> shared[b]   Sync   ReduceFrom own segment   Sync
+//!           CopyFrom every owner's segment -> output
+//! ```
+//!
+//! Each byte of input is read from memory once and each byte of output
+//! written once: the minimum any all-reduce moves. The pieces are sized
+//! to stay in cache, so the copies in and the reductions between them
+//! cost cache bandwidth only (the ring's traffic is higher: it reads its
+//! reduced segment back from memory to pass it on). Two buffers `b`
+//! alternate: a rank copies piece `j + 1` in while a slower peer may still
+//! copy piece `j` out; piece `j + 2` reuses the buffer only after every
+//! rank has passed the first `Sync` of piece `j + 1`, hence finished
+//! reading piece `j`. A last `Sync` keeps the next call from overwriting
+//! what a peer still reads.
+//!
+//! The reduction of an element combines every rank's input in rank order
+//! at its owner: bitwise identical on every rank, as the ring's is.
+
+use crate::algorithm::Algorithm;
+use crate::schedule::{chunks, seg_len, seg_off, Action, Schedule, Span, INPUT, OUTPUT, SHARED};
+use crate::spec::{CollSpec, Kind, Tuning};
+
+/// All-reduce through `shared` elements of shared memory (two pieces of
+/// half of it).
+pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize) -> Schedule {
+    if n == 1 {
+        return Schedule::copy_all(count);
+    }
+    let mut s = Schedule::default();
+    if count == 0 {
+        return s;
+    }
+    let piece = (shared / 2).max(1);
+    s.shared = 2 * piece.min(count);
+    let mut outs: Vec<u32> = Vec::new();
+    for (j, (off, len)) in chunks(0, count, piece).enumerate() {
+        let b = (j % 2) * piece;
+        let stage = s.push(
+            Action::Copy {
+                src: Span::new(INPUT, off, len),
+                dst: Span::new(SHARED, b, len),
+            },
+            &outs,
+        );
+        let staged = s.push(Action::Sync, &[stage]);
+        let mut last = staged;
+        let (o, l) = (seg_off(len, n, rank), seg_len(len, n, rank));
+        if l > 0 {
+            let mine = Span::new(SHARED, b + o, l);
+            last = s.push(
+                Action::ReduceFrom {
+                    dst: mine,
+                    src: mine,
+                },
+                &[staged],
+            );
+            if avg {
+                last = s.push(Action::Divide { dst: mine }, &[last]);
+            }
+        }
+        let reduced = s.push(Action::Sync, &[last]);
+        outs.clear();
+        for k in 0..n {
+            let (o, l) = (seg_off(len, n, k), seg_len(len, n, k));
+            if l == 0 {
+                continue;
+            }
+            let (src, dst) = (Span::new(SHARED, b + o, l), Span::new(OUTPUT, off + o, l));
+            let action = match k == rank {
+                true => Action::Copy { src, dst },
+                false => Action::CopyFrom { peer: k, src, dst },
+            };
+            outs.push(s.push(action, &[reduced]));
+        }
+    }
+    s.push(Action::Sync, &outs);
+    s
+}
+
+/// Plain all-reduce through shared memory (see the module documentation).
+pub struct CopyIn;
+
+impl Algorithm for CopyIn {
+    fn name(&self) -> &'static str {
+        "copyin"
+    }
+
+    fn supports(&self, spec: &CollSpec) -> bool {
+        spec.kind == Kind::AllReduce && spec.direct.is_none() && spec.shared >= 2
+    }
+
+    fn preferred(&self, spec: &CollSpec, tuning: &Tuning) -> bool {
+        spec.nranks > 1 && spec.bytes() >= tuning.copyin_bytes
+    }
+
+    fn build(&self, spec: &CollSpec) -> Schedule {
+        all_reduce(spec.rank, spec.nranks, spec.count, spec.avg, spec.shared)
+    }
+}
