@@ -58,7 +58,8 @@ fn per_call(calls: u64, mut f: impl FnMut()) -> u64 {
 fn every_collective(c: &Communicator, shared: bool) -> Vec<(String, u64)> {
     let n = c.nranks();
     let mut out = Vec::new();
-    // Sizes: one-shot (small) and ring (large, several chunks).
+    // Sizes: the small path, and large (on shared memory copy-in, on TCP
+    // the ring: several chunks or pieces).
     for len in [8usize, 1 << 20] {
         let mut a = vec![1.0f32; len];
         let b = vec![1.0f32; len];

@@ -738,3 +738,56 @@ fn small_calls_of_every_collective_on_one_host_take_the_small_path() {
     let took = with_ranks(3, tcp_config(), |c| small_call(&c, 0, 3));
     assert!(took.iter().all(|t| !t));
 }
+
+#[test]
+fn large_plain_all_reduces_on_one_host_copy_in_through_shared_memory() {
+    // From 1 MiB per rank (f32: 262144 elements); counts that are no
+    // multiple of the ranks or of a piece (524288 f32), in and out of
+    // place, back to back so each call reuses the shared memory the last
+    // one's readers left.
+    let cases: [(usize, bool, ReduceOp); 6] = [
+        (262_144, false, ReduceOp::Sum),
+        (1_300_001, false, ReduceOp::Sum),
+        (1_300_001, true, ReduceOp::Max),
+        (524_289, true, ReduceOp::Avg),
+        (262_143, false, ReduceOp::Sum),
+        (2_000_000, false, ReduceOp::Min),
+    ];
+    let n = 3;
+    let results = with_ranks(n, test_config(), |c| {
+        let r = c.rank();
+        let mut took = Vec::new();
+        for &(count, in_place, op) in &cases {
+            let input: Vec<f32> = (0..count).map(|i| ((i % 13) + 4 * r) as f32).collect();
+            let out = if in_place {
+                let mut b = input.clone();
+                c.all_reduce_in_place(&mut b, op).unwrap();
+                b
+            } else {
+                let mut b = vec![f32::NAN; count];
+                c.all_reduce(&input, &mut b, op).unwrap();
+                b
+            };
+            for (i, v) in out.iter().enumerate() {
+                let base = (i % 13) as f32;
+                let want = match op {
+                    ReduceOp::Sum => 3.0 * base + 12.0,
+                    ReduceOp::Avg => (3.0 * base + 12.0) / 3.0,
+                    ReduceOp::Max => base + 8.0,
+                    ReduceOp::Min => base,
+                    _ => unreachable!(),
+                };
+                assert_eq!(*v, want, "count {count} {op:?} element {i} on rank {r}");
+            }
+            took.push(c.last_algorithm());
+        }
+        took
+    });
+    for t in results {
+        let want: Vec<Option<&str>> = cases
+            .iter()
+            .map(|(count, ..)| Some(if *count >= 262_144 { "copyin" } else { "ring" }))
+            .collect();
+        assert_eq!(t, want);
+    }
+}

@@ -29,7 +29,7 @@ pub(crate) use call::{describe_call, CallCtx, CallName};
 
 pub(crate) use direct::describe_own;
 use direct::PeerSpan;
-pub(crate) use direct::{DirectCtx, SyncFlags, FLAG_PAGE, SHARED_BYTES};
+pub(crate) use direct::{shared_bytes, DirectCtx, SyncFlags, FLAG_PAGE, SHARED_BYTES};
 pub use header::{WireHeader, HEADER_LEN};
 
 use crate::bootstrap::ControlEvent;
