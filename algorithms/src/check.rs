@@ -150,10 +150,15 @@ fn join(into: &mut Clock, other: &Clock) {
 /// Direct-access traffic per location, for race detection.
 #[derive(Default)]
 struct Races {
-    /// (owner, memory, index) -> the owner's event that last wrote it.
-    written: HashMap<(usize, u32, usize), u64>,
-    /// (owner, memory, index) -> (reader, its event) of peers' reads since.
+    /// (owner, memory, index) -> (writer, its event) of the last write
+    /// there: the owner's, or a peer's (`CopyTo`).
+    written: HashMap<(usize, u32, usize), (usize, u64)>,
+    /// (owner, memory, index) -> (reader, its event) of reads since: the
+    /// peers', and the owner's own when peers may write its memory.
     read: HashMap<(usize, u32, usize), Vec<(usize, u64)>>,
+    /// Whether any schedule writes a peer's memory (then the owner's own
+    /// reads are recorded too).
+    pushes: bool,
 }
 
 /// Run all schedules once; `victim`'s sends and direct reads wait until
@@ -228,7 +233,14 @@ pub fn simulate(
         .collect();
     let mut arrived = vec![0usize; n];
     let mut epoch = vec![0usize; n];
-    let mut races = Races::default();
+    let mut races = Races {
+        pushes: scheds.iter().any(|s| {
+            s.steps
+                .iter()
+                .any(|st| matches!(st.action, Action::CopyTo { .. }))
+        }),
+        ..Races::default()
+    };
     // Events: each rank's entry into the call is its event 1.
     let mut events = vec![1u64; n];
     let entry: Vec<Clock> = (0..n)
@@ -260,7 +272,10 @@ pub fn simulate(
                 }
                 let delayed = matches!(
                     st.action,
-                    Action::Send { .. } | Action::ReduceFrom { .. } | Action::CopyFrom { .. }
+                    Action::Send { .. }
+                        | Action::ReduceFrom { .. }
+                        | Action::CopyFrom { .. }
+                        | Action::CopyTo { .. }
                 );
                 if r == victim && delayed {
                     if !allow_victim {
@@ -280,7 +295,8 @@ pub fn simulate(
                 now[r] = events[r] + 1;
                 let ok = match st.action {
                     Action::Send { peer, src } => {
-                        let v = ranks[r].mem.read(src).map_err(|e| ctx(&e))?;
+                        let v = remote_read(&ranks, r, r, src, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
                         if v.iter().any(|x| x.is_none()) {
                             return Err(ctx("sends undefined data"));
                         }
@@ -295,7 +311,7 @@ pub fn simulate(
                             if v.len() != dst.len {
                                 return Err(ctx(&format!("message of {} elements", v.len())));
                             }
-                            write(&mut ranks[r].mem, dst, v, r, &now, &mut races)
+                            write(&mut ranks[r].mem, dst, v, (r, r), &now, &mut races)
                                 .map_err(|e| ctx(&e))?;
                             true
                         }
@@ -309,9 +325,10 @@ pub fn simulate(
                                 if v.len() != dst.len {
                                     return Err(ctx(&format!("message of {} elements", v.len())));
                                 }
-                                let w = ranks[r].mem.read(with).map_err(|e| ctx(&e))?;
+                                let w = remote_read(&ranks, r, r, with, &now, &mut races)
+                                    .map_err(|e| ctx(&e))?;
                                 let out = combine(&[v, w]).map_err(|e| ctx(&e))?;
-                                write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
+                                write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                                     .map_err(|e| ctx(&e))?;
                                 true
                             }
@@ -319,8 +336,9 @@ pub fn simulate(
                         }
                     }
                     Action::Copy { src, dst } => {
-                        let v = ranks[r].mem.read(src).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, v, r, &now, &mut races)
+                        let v = remote_read(&ranks, r, r, src, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        write(&mut ranks[r].mem, dst, v, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -337,26 +355,32 @@ pub fn simulate(
                             } else {
                                 Span::new(slots.buf, slots.off + k * dst.len, dst.len)
                             };
-                            srcs.push(ranks[r].mem.read(sp).map_err(|e| ctx(&e))?);
+                            srcs.push(
+                                remote_read(&ranks, r, r, sp, &now, &mut races)
+                                    .map_err(|e| ctx(&e))?,
+                            );
                         }
                         let out = combine(&srcs).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
+                        write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
                     Action::Reduce { dst, a, b } => {
-                        let va = ranks[r].mem.read(a).map_err(|e| ctx(&e))?;
-                        let vb = ranks[r].mem.read(b).map_err(|e| ctx(&e))?;
+                        let va =
+                            remote_read(&ranks, r, r, a, &now, &mut races).map_err(|e| ctx(&e))?;
+                        let vb =
+                            remote_read(&ranks, r, r, b, &now, &mut races).map_err(|e| ctx(&e))?;
                         if va.len() != dst.len || vb.len() != dst.len {
                             return Err(ctx("operands differ in length"));
                         }
                         let out = combine(&[va, vb]).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
+                        write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
                     Action::Divide { dst } => {
-                        let v = ranks[r].mem.read(dst).map_err(|e| ctx(&e))?;
+                        let v = remote_read(&ranks, r, r, dst, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
                         let out = v
                             .into_iter()
                             .map(|x| match x {
@@ -364,7 +388,7 @@ pub fn simulate(
                                 None => Err(ctx("divides undefined data")),
                             })
                             .collect::<Result<Vec<Val>, String>>()?;
-                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
+                        write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -377,7 +401,19 @@ pub fn simulate(
                             );
                         }
                         let out = combine(&srcs).map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, out, r, &now, &mut races)
+                        write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::CopyTo { peer, src, dst } => {
+                        if peer >= n {
+                            return Err(ctx("no such peer"));
+                        }
+                        let v = remote_read(&ranks, r, r, src, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
+                        // Addressed with this rank's layout, in the peer's memory.
+                        let (m, at) = ranks[r].mem.loc(dst).map_err(|e| ctx(&e))?;
+                        write_at(&mut ranks[peer].mem, m, at, v, (peer, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -387,7 +423,7 @@ pub fn simulate(
                         }
                         let v = remote_read(&ranks, r, peer, src, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
-                        write(&mut ranks[r].mem, dst, v, r, &now, &mut races)
+                        write(&mut ranks[r].mem, dst, v, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
                     }
@@ -448,7 +484,24 @@ pub fn simulate(
     // A rank leaves the call when its last step completes; its next call
     // may then overwrite its memory, so every peer's read of it must come
     // before (ordered by a `Sync` or a message), not merely within the call.
+    for ((owner, m, j), (w, e)) in &races.written {
+        if w == owner {
+            continue;
+        }
+        let mut exit = entry[*owner].clone();
+        for c in clocks[*owner].iter().flatten() {
+            join(&mut exit, c);
+        }
+        if exit[*w] < *e {
+            return Err(format!(
+                "rank {owner} can leave the call while rank {w} may still write element {j} of its memory {m}"
+            ));
+        }
+    }
     for ((owner, m, j), reads) in &races.read {
+        if reads.iter().all(|(q, _)| q == owner) {
+            continue;
+        }
         let mut exit = entry[*owner].clone();
         for c in clocks[*owner].iter().flatten() {
             join(&mut exit, c);
@@ -482,32 +535,64 @@ fn combine(srcs: &[Vec<Val>]) -> Result<Vec<Val>, String> {
         .collect()
 }
 
+/// `writer` stores `v` at `dst` of `owner`'s memory `mem`: `(owner,
+/// writer)` (the same rank, or a peer writing directly).
 fn write(
     mem: &mut Setup,
     dst: Span,
     v: Vec<Val>,
-    rank: usize,
+    who: (usize, usize),
     now: &Clock,
     races: &mut Races,
 ) -> Result<(), String> {
     let (m, at) = mem.loc(dst)?;
+    if v.len() != dst.len {
+        return Err(format!("writes {} elements into {dst:?}", v.len()));
+    }
+    write_at(mem, m, at, v, who, now, races)
+}
+
+fn write_at(
+    mem: &mut Setup,
+    m: u32,
+    at: usize,
+    v: Vec<Val>,
+    (owner, writer): (usize, usize),
+    now: &Clock,
+    races: &mut Races,
+) -> Result<(), String> {
     if mem.read_only.contains(&m) {
         return Err(format!(
-            "writes the input of an out-of-place call ({dst:?})"
+            "writes the input of an out-of-place call (memory {m} at {at})"
         ));
     }
-    for j in at..at + dst.len {
-        let key = (rank, m, j);
+    let len = v.len();
+    let theirs = mem
+        .mems
+        .get_mut(&m)
+        .ok_or_else(|| format!("rank {owner} has no memory {m}"))?;
+    if at + len > theirs.len() {
+        return Err(format!("writes past rank {owner}'s memory {m}"));
+    }
+    for j in at..at + len {
+        let key = (owner, m, j);
         if let Some(reads) = races.read.remove(&key) {
-            if let Some((q, _)) = reads.iter().find(|(q, e)| now[*q] < *e) {
+            if let Some((q, _)) = reads.iter().find(|(q, e)| *q != writer && now[*q] < *e) {
                 return Err(format!(
-                    "writes element {j} of memory {m} while rank {q} may still read it (a race)"
+                    "writes element {j} of rank {owner}'s memory {m} while rank {q} may still read it (a race)"
                 ));
             }
         }
-        races.written.insert(key, now[rank]);
+        if let Some((w, e)) = races.written.get(&key) {
+            if *w != writer && now[*w] < *e {
+                return Err(format!(
+                    "writes element {j} of rank {owner}'s memory {m} unordered with rank {w}'s write there (a race)"
+                ));
+            }
+        }
+        races.written.insert(key, (writer, now[writer]));
     }
-    mem.mems.get_mut(&m).unwrap()[at..at + dst.len].clone_from_slice(&v);
+    theirs[at..at + len].clone_from_slice(&v);
     Ok(())
 }
 
@@ -530,14 +615,16 @@ fn remote_read(
     if at + src.len > theirs.len() {
         return Err(format!("reads past rank {owner}'s buffer ({src:?})"));
     }
-    if owner != me {
-        for j in at..at + src.len {
-            let key = (owner, m, j);
-            if races.written.get(&key).is_some_and(|w| now[owner] < *w) {
+    for j in at..at + src.len {
+        let key = (owner, m, j);
+        if let Some((w, e)) = races.written.get(&key) {
+            if *w != me && now[*w] < *e {
                 return Err(format!(
-                    "reads element {j} of rank {owner}'s memory {m} without following its write there (a race)"
+                    "reads element {j} of rank {owner}'s memory {m} without following rank {w}'s write there (a race)"
                 ));
             }
+        }
+        if owner != me || races.pushes {
             races.read.entry(key).or_default().push((me, now[me]));
         }
     }

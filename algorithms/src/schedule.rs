@@ -80,6 +80,9 @@ pub enum Action {
     ReduceFrom { dst: Span, src: Span },
     /// Direct access: copy rank `peer`'s `src` into this rank's `dst`.
     CopyFrom { peer: usize, src: Span, dst: Span },
+    /// Direct access: copy this rank's `src` into rank `peer`'s `dst` (the
+    /// buffer has the same shape on every rank; mapped access only).
+    CopyTo { peer: usize, src: Span, dst: Span },
     /// Direct access: wait until every rank has reached its matching `Sync`
     /// (the k-th `Sync` of the call on each rank). What a rank wrote before
     /// its `Sync` is visible to every rank after theirs; what a rank reads

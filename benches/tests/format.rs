@@ -335,7 +335,7 @@ fn hostile_flags_and_variables_are_named_errors_without_panic() {
 
 /// The algorithm lines name what the timed calls ran, not the small
 /// reductions that combine the figures across ranks afterwards (those run
-/// `oneshot`; a 1 MiB all_reduce runs the ring).
+/// `oneshot`; a 1 MiB all_reduce on one host runs `copyin`).
 #[test]
 fn algorithm_lines_name_the_timed_calls() {
     let (rc, out, err) = run(
@@ -346,7 +346,7 @@ fn algorithm_lines_name_the_timed_calls() {
     );
     assert_eq!(rc, 0, "{err}");
     assert!(
-        out.contains("# Algorithm: ring for 1048576-1048576 B"),
+        out.contains("# Algorithm: copyin for 1048576-1048576 B"),
         "{out}"
     );
 }

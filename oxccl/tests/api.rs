@@ -400,6 +400,45 @@ mod registered {
         }
     }
 
+    /// Registered all_reduces in many pieces (4 KiB chunks: each owner
+    /// reduces and pushes its segment piece by piece, through two
+    /// alternating scratch slots), in and out of place, back to back.
+    #[test]
+    fn registered_all_reduce_in_many_pieces_is_exact() {
+        for n in [2, 3, 4] {
+            let cfg = Config {
+                chunk_bytes: 4096,
+                ..test_config()
+            };
+            with_ranks(n, cfg, |c| {
+                let r = c.rank();
+                let count = 100_003;
+                let fill = |b: &mut [f32]| {
+                    for (i, x) in b.iter_mut().enumerate() {
+                        *x = ((i % 11) + 3 * r) as f32;
+                    }
+                };
+                let mut a = c.alloc_shared::<f32>(count).unwrap();
+                let mut out = c.alloc_shared::<f32>(count).unwrap();
+                let nf = n as f32;
+                let want = |i: usize| nf * (i % 11) as f32 + 3.0 * (nf * (nf - 1.0) / 2.0);
+                for round in 0..3 {
+                    fill(&mut a);
+                    if round % 2 == 0 {
+                        c.all_reduce(&a, &mut out, ReduceOp::Sum).unwrap();
+                    } else {
+                        c.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
+                        out.copy_from_slice(&a);
+                    }
+                    assert_eq!(c.last_algorithm(), Some("direct"));
+                    for (i, x) in out.iter().enumerate() {
+                        assert_eq!(*x, want(i), "n {n} round {round} element {i}");
+                    }
+                }
+            });
+        }
+    }
+
     #[test]
     fn registered_buffers_across_hosts_fall_back_and_stay_correct() {
         with_rank_configs(

@@ -446,9 +446,9 @@ impl Sim<'_> {
                 transfer(peer, dst.len) + self.bytes(dst.len) / m.reduce_rate
             }
             Action::Copy { src, dst } if src == dst => m.step_overhead,
-            Action::Copy { dst, .. } | Action::CopyFrom { dst, .. } => {
-                m.step_overhead + self.bytes(dst.len) / m.copy_rate
-            }
+            Action::Copy { dst, .. }
+            | Action::CopyFrom { dst, .. }
+            | Action::CopyTo { dst, .. } => m.step_overhead + self.bytes(dst.len) / m.copy_rate,
             Action::Reduce { dst, .. } | Action::Divide { dst } => {
                 m.step_overhead + self.bytes(dst.len) / m.reduce_rate
             }

@@ -54,7 +54,8 @@ fn peer_of(a: &Action) -> Option<usize> {
         Action::Send { peer, .. }
         | Action::Recv { peer, .. }
         | Action::RecvReduce { peer, .. }
-        | Action::CopyFrom { peer, .. } => Some(peer),
+        | Action::CopyFrom { peer, .. }
+        | Action::CopyTo { peer, .. } => Some(peer),
         _ => None,
     }
 }
@@ -64,7 +65,9 @@ fn spans(a: &Action) -> Vec<Span> {
         Action::Send { src, .. } => vec![src],
         Action::Recv { dst, .. } => vec![dst],
         Action::RecvReduce { dst, with, .. } => vec![dst, with],
-        Action::Copy { src, dst } | Action::CopyFrom { src, dst, .. } => vec![src, dst],
+        Action::Copy { src, dst }
+        | Action::CopyFrom { src, dst, .. }
+        | Action::CopyTo { src, dst, .. } => vec![src, dst],
         Action::Divide { dst } => vec![dst],
         Action::Reduce { dst, a, b } => vec![dst, a, b],
         Action::Combine {

@@ -175,6 +175,7 @@ fn accesses(action: &Action, nranks: usize) -> (Vec<Span>, Vec<Span>) {
         // direct read is read here.
         Action::ReduceFrom { dst, src } => (vec![src], vec![dst]),
         Action::CopyFrom { dst, .. } => (vec![], vec![dst]),
+        Action::CopyTo { src, .. } => (vec![src], vec![]),
         Action::Sync => (vec![], vec![]),
     }
 }

@@ -210,7 +210,7 @@ fn a_missing_phase_in_a_direct_schedule_is_a_race() {
     spec.direct = Some(Access::Mapped);
     let scheds: Vec<Schedule> = (0..n)
         .map(|rank| {
-            let s = crate::direct::Direct.build(&CollSpec { rank, ..spec });
+            let s = crate::direct::all_reduce(rank, n, 10, false);
             let mut out = Schedule::default();
             let mut syncs = 0;
             for st in &s.steps {
@@ -234,6 +234,40 @@ fn a_missing_phase_in_a_direct_schedule_is_a_race() {
         .collect();
     let e = check_schedules(&spec, &scheds).unwrap_err();
     assert!(e.contains("race") || e.contains("undefined"), "{e}");
+}
+
+/// The pushing all-reduce (owners write every rank's output) without its
+/// last `Sync`: a rank could leave, and reuse its output, while a peer
+/// still writes into it; and a piece copied out before it is reduced.
+#[test]
+fn a_push_that_outlives_the_call_or_its_reduction_is_caught() {
+    let n = 3;
+    let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 10);
+    spec.direct = Some(Access::Mapped);
+    spec.chunk = 2;
+    let build = |rank| crate::direct::Direct.build(&CollSpec { rank, ..spec });
+    let no_done: Vec<Schedule> = (0..n)
+        .map(|rank| {
+            let mut s = build(rank);
+            assert_eq!(s.steps.pop().map(|st| st.action), Some(Action::Sync));
+            s
+        })
+        .collect();
+    let e = check_schedules(&spec, &no_done).unwrap_err();
+    assert!(e.contains("may still write"), "{e}");
+    let early: Vec<Schedule> = (0..n)
+        .map(|rank| {
+            let mut s = build(rank);
+            for st in s.steps.iter_mut() {
+                if matches!(st.action, Action::CopyTo { .. }) {
+                    st.deps = vec![0];
+                }
+            }
+            s
+        })
+        .collect();
+    let e = check_schedules(&spec, &early).unwrap_err();
+    assert!(e.contains("without happening after"), "{e}");
 }
 
 /// The one-sided all-reduce (phases as barriers of messages) with the

@@ -36,7 +36,7 @@ use crate::bootstrap::ControlEvent;
 use crate::compute::{Compute, HostCompute, Pending};
 use crate::error::{Error, Result};
 use crate::mem::Region;
-use crate::schedule::{Action, Schedule, Span, SCRATCH, SHARED, STAGE};
+use crate::schedule::{Action, Schedule, Span, OUTPUT, SCRATCH, SHARED, STAGE};
 use crate::transport::{Link, Registration, Registry};
 use crate::wait::{Sleep, Spin, Stop};
 use std::io::{ErrorKind, IoSlice, IoSliceMut};
@@ -287,12 +287,17 @@ fn execute_with(
         stage,
         shared,
     };
-    // What leaves shared memory lands in the call's final output; a large
-    // output would not stay cached, so those copies stream past the cache
-    // (without reading each line for ownership first).
-    let stream_out = bufs
-        .get(crate::schedule::OUTPUT as usize)
-        .is_some_and(|o| o.len >= kernels::copy::STREAM_MIN);
+    // In a phased call (direct steps), what a copy moves from executor-owned
+    // memory (shared, scratch) into the output is final; a large output
+    // would not stay cached, so those copies stream past the cache (without
+    // reading each line for ownership first).
+    let stream_out = cx.direct.is_some()
+        && bufs
+            .get(OUTPUT as usize)
+            .is_some_and(|o| o.len >= kernels::copy::STREAM_MIN);
+    let is_final = |src: Span, dst: Span| {
+        stream_out && dst.buf == OUTPUT && matches!(src.buf, SHARED | SCRATCH)
+    };
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -478,7 +483,7 @@ fn execute_with(
                 continue;
             }
             let pending = match sched.steps[iu].action {
-                Action::Copy { src, dst } if src.buf == SHARED && stream_out => {
+                Action::Copy { src, dst } if is_final(src, dst) => {
                     compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
                 Action::Copy { src, dst } => {
@@ -531,7 +536,7 @@ fn execute_with(
                     let dx = direct_ctx(cx)?;
                     let to = region(bufs, own, dst, es);
                     match dx.peer_span(src.buf, region(bufs, own, src, es), peer)? {
-                        PeerSpan::Mapped(from) if src.buf == SHARED && stream_out => {
+                        PeerSpan::Mapped(from) if is_final(src, dst) => {
                             compute.copy_final(to, from)?
                         }
                         PeerSpan::Mapped(from) => compute.copy(to, from)?,
@@ -558,6 +563,20 @@ fn execute_with(
                             remote.push((i, peer, ticket));
                             progressed = true;
                             continue;
+                        }
+                    }
+                }
+                Action::CopyTo { peer, src, dst } => {
+                    let dx = direct_ctx(cx)?;
+                    let from = region(bufs, own, src, es);
+                    match dx.peer_span(dst.buf, region(bufs, own, dst, es), peer)? {
+                        PeerSpan::Mapped(to) if is_final(src, dst) => compute.copy_final(to, from)?,
+                        PeerSpan::Mapped(to) => compute.copy(to, from)?,
+                        PeerSpan::Remote(_) => {
+                            return Err(Error::Protocol(format!(
+                                "schedule of {} writes rank {peer}'s memory through a one-sided link, which only reads (internal error)",
+                                cx.during
+                            )))
                         }
                     }
                 }
