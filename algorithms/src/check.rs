@@ -392,11 +392,15 @@ pub fn simulate(
                             .map_err(|e| ctx(&e))?;
                         true
                     }
-                    Action::ReduceFrom { dst, src } => {
+                    Action::ReduceFrom { dst, src, own } => {
+                        if own.len != src.len {
+                            return Err(ctx("its own part differs in length"));
+                        }
                         let mut srcs = Vec::new();
                         for k in 0..n {
+                            let sp = if k == r { own } else { src };
                             srcs.push(
-                                remote_read(&ranks, r, k, src, &now, &mut races)
+                                remote_read(&ranks, r, k, sp, &now, &mut races)
                                     .map_err(|e| ctx(&e))?,
                             );
                         }
@@ -482,31 +486,30 @@ pub fn simulate(
         ));
     }
     // A rank leaves the call when its last step completes; its next call
-    // may then overwrite its memory, so every peer's read of it must come
-    // before (ordered by a `Sync` or a message), not merely within the call.
+    // may then overwrite its memory, so every peer's read of it, and write
+    // into it, must come before (ordered by a `Sync` or a message), not
+    // merely within the call.
+    let exit: Vec<Clock> = (0..n)
+        .map(|r| {
+            let mut c = entry[r].clone();
+            for cl in clocks[r].iter().flatten() {
+                join(&mut c, cl);
+            }
+            c
+        })
+        .collect();
     for ((owner, m, j), (w, e)) in &races.written {
-        if w == owner {
-            continue;
-        }
-        let mut exit = entry[*owner].clone();
-        for c in clocks[*owner].iter().flatten() {
-            join(&mut exit, c);
-        }
-        if exit[*w] < *e {
+        if w != owner && exit[*owner][*w] < *e {
             return Err(format!(
                 "rank {owner} can leave the call while rank {w} may still write element {j} of its memory {m}"
             ));
         }
     }
     for ((owner, m, j), reads) in &races.read {
-        if reads.iter().all(|(q, _)| q == owner) {
-            continue;
-        }
-        let mut exit = entry[*owner].clone();
-        for c in clocks[*owner].iter().flatten() {
-            join(&mut exit, c);
-        }
-        if let Some((q, _)) = reads.iter().find(|(q, e)| exit[*q] < *e) {
+        if let Some((q, _)) = reads
+            .iter()
+            .find(|(q, e)| q != owner && exit[*owner][*q] < *e)
+        {
             return Err(format!(
                 "rank {owner} can leave the call while rank {q} may still read element {j} of its memory {m} (its next call may overwrite it)"
             ));

@@ -3,12 +3,14 @@
 //! one host).
 //!
 //! Peers cannot read a plain buffer, so each rank copies its input, one
-//! piece at a time, into its shared memory; the owner of each segment of
-//! the piece reduces that segment of every rank's copy, in place in its
-//! own; then every rank copies the reduced segments into its output:
+//! piece at a time, into its shared memory (all but its own segment of the
+//! piece); the owner of each segment reduces that segment of every peer's
+//! copy and of its own input into its shared memory; then every rank
+//! copies the reduced segments into its output:
 //!
 //! ```text
-//! piece j:  Copy input -> shared[b]   Sync   ReduceFrom own segment   Sync
+//! piece j:  Copy input -> shared[b] (but the own segment)   Sync
+//!           ReduceFrom own segment (own part: the input)     Sync
 //!           CopyFrom every owner's segment -> output
 //! ```
 //!
@@ -45,22 +47,31 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize)
     let mut outs: Vec<u32> = Vec::new();
     for (j, (off, len)) in chunks(0, count, piece).enumerate() {
         let b = (j % 2) * piece;
-        let stage = s.push(
-            Action::Copy {
-                src: Span::new(INPUT, off, len),
-                dst: Span::new(SHARED, b, len),
-            },
-            &outs,
-        );
-        let staged = s.push(Action::Sync, &[stage]);
-        let mut last = staged;
+        // Every segment but this rank's own goes in (its owner reads it
+        // there); the own one is reduced straight from the input.
         let (o, l) = (seg_off(len, n, rank), seg_len(len, n, rank));
+        let mut staged_in = Vec::new();
+        for (from, to) in [(0, o), (o + l, len)] {
+            if to > from {
+                staged_in.push(s.push(
+                    Action::Copy {
+                        src: Span::new(INPUT, off + from, to - from),
+                        dst: Span::new(SHARED, b + from, to - from),
+                    },
+                    &outs,
+                ));
+            }
+        }
+        staged_in.extend(outs.iter().copied());
+        let staged = s.push(Action::Sync, &staged_in);
+        let mut last = staged;
         if l > 0 {
             let mine = Span::new(SHARED, b + o, l);
             last = s.push(
                 Action::ReduceFrom {
                     dst: mine,
                     src: mine,
+                    own: Span::new(INPUT, off + o, l),
                 },
                 &[staged],
             );

@@ -35,6 +35,7 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool) -> Schedule {
         Action::ReduceFrom {
             dst: mine,
             src: Span::new(INPUT, off, len),
+            own: Span::new(INPUT, off, len),
         },
         &[ready],
     );
@@ -88,6 +89,7 @@ pub fn all_reduce_push(rank: usize, n: usize, count: usize, avg: bool, piece: us
             Action::ReduceFrom {
                 dst: slot,
                 src: Span::new(INPUT, o, l),
+                own: Span::new(INPUT, o, l),
             },
             &deps,
         );
@@ -192,6 +194,7 @@ pub fn reduce_scatter(rank: usize, count: usize, avg: bool, in_place: bool) -> S
         Action::ReduceFrom {
             dst,
             src: Span::new(INPUT, rank * count, count),
+            own: Span::new(INPUT, rank * count, count),
         },
         &[ready],
     );
@@ -214,6 +217,7 @@ pub fn reduce(rank: usize, count: usize, root: usize, avg: bool) -> Schedule {
             Action::ReduceFrom {
                 dst,
                 src: Span::new(INPUT, 0, count),
+                own: Span::new(INPUT, 0, count),
             },
             &[at],
         );
@@ -329,7 +333,7 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
                 }
                 None
             }
-            Action::ReduceFrom { dst, src } => {
+            Action::ReduceFrom { dst, src, own } => {
                 let base = out.scratch;
                 out.scratch += n * src.len;
                 let mut got = deps.clone();
@@ -350,7 +354,7 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
                     &mut out,
                     Action::Combine {
                         dst,
-                        input: src,
+                        input: own,
                         slots,
                         me: rank,
                     },

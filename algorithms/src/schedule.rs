@@ -73,11 +73,12 @@ pub enum Action {
         me: usize,
     },
     /// Direct access: `dst = src of rank 0 op src of rank 1 op ..`, in rank
-    /// order, reading every rank's `src` where it lies (peers' memory mapped
-    /// here; the buffer has the same shape on every rank). `dst` may be this
-    /// rank's own `src` (in place), never a span peers read before the next
-    /// [`Action::Sync`].
-    ReduceFrom { dst: Span, src: Span },
+    /// order, reading every peer's `src` where it lies (peers' memory mapped
+    /// here; the buffer has the same shape on every rank) and, for this
+    /// rank's own contribution, `own` (its `src`, or any of its memory of
+    /// that length). `dst` may be `own` (in place), never a span peers read
+    /// before the next [`Action::Sync`].
+    ReduceFrom { dst: Span, src: Span, own: Span },
     /// Direct access: copy rank `peer`'s `src` into this rank's `dst`.
     CopyFrom { peer: usize, src: Span, dst: Span },
     /// Direct access: copy this rank's `src` into rank `peer`'s `dst` (the

@@ -73,7 +73,7 @@ fn spans(a: &Action) -> Vec<Span> {
         Action::Combine {
             dst, input, slots, ..
         } => vec![dst, input, slots],
-        Action::ReduceFrom { dst, src } => vec![dst, src],
+        Action::ReduceFrom { dst, src, own } => vec![dst, src, own],
         Action::Sync => vec![],
     }
 }

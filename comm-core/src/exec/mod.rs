@@ -515,12 +515,20 @@ fn execute_with(
                     }
                     compute.reduce(cx.dtype, cx.op, region(bufs, own, dst, es), srcs)?
                 }
-                Action::ReduceFrom { dst, src } => {
+                Action::ReduceFrom {
+                    dst,
+                    src,
+                    own: mine,
+                } => {
                     let dx = direct_ctx(cx)?;
-                    let mine = region(bufs, own, src, es);
+                    let at = region(bufs, own, src, es);
                     srcs.clear();
                     for k in 0..cx.nranks {
-                        match dx.peer_span(src.buf, mine, k)? {
+                        if k == cx.rank {
+                            srcs.push(region(bufs, own, mine, es));
+                            continue;
+                        }
+                        match dx.peer_span(src.buf, at, k)? {
                             PeerSpan::Mapped(r) => srcs.push(r),
                             PeerSpan::Remote(_) => {
                                 return Err(Error::Protocol(format!(
