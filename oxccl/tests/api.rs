@@ -830,3 +830,45 @@ fn large_plain_all_reduces_on_one_host_copy_in_through_shared_memory() {
         assert_eq!(t, want);
     }
 }
+
+#[test]
+fn large_plain_all_to_alls_on_one_host_copy_in_through_shared_memory() {
+    // 3 and 4 ranks (2 keep the pairwise exchange), in and out of place,
+    // blocks of several pieces (4 ranks: 2 MiB of shared memory per rank,
+    // 65536 f32 per block per piece) and one not a multiple of a piece.
+    for n in [2, 3, 4] {
+        let took = with_ranks(n, test_config(), move |c| {
+            let r = c.rank();
+            let mut took = Vec::new();
+            for (count, in_place) in [(100_003usize, false), (200_000, true), (90_001, false)] {
+                let input: Vec<f32> = (0..n * count).map(|i| (r * 1_000_000 + i) as f32).collect();
+                let out = if in_place {
+                    let mut b = input.clone();
+                    c.all_to_all_in_place(&mut b).unwrap();
+                    b
+                } else {
+                    let mut b = vec![f32::NAN; n * count];
+                    c.all_to_all(&input, &mut b).unwrap();
+                    b
+                };
+                for k in 0..n {
+                    for i in 0..count {
+                        // Block r of rank k's input.
+                        let want = (k * 1_000_000 + r * count + i) as f32;
+                        assert_eq!(
+                            out[k * count + i],
+                            want,
+                            "n {n} count {count} block {k} element {i}"
+                        );
+                    }
+                }
+                took.push(c.last_algorithm());
+            }
+            took
+        });
+        let want = if n > 2 { "copyin" } else { "pairwise" };
+        for t in took {
+            assert!(t.iter().all(|a| *a == Some(want)), "n {n}: {t:?}");
+        }
+    }
+}
