@@ -62,7 +62,6 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize)
                 ));
             }
         }
-        staged_in.extend(outs.iter().copied());
         let staged = s.push(Action::Sync, &staged_in);
         let mut last = staged;
         if l > 0 {
@@ -128,7 +127,6 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, shared: usize) -> Schedul
             };
             staged_in.push(s.push(action, &outs));
         }
-        staged_in.extend(outs.iter().copied());
         let staged = s.push(Action::Sync, &staged_in);
         outs.clear();
         for k in (0..n).filter(|k| *k != rank) {
