@@ -235,12 +235,26 @@ pub fn simulate(
     let mut epoch = vec![0usize; n];
     let mut races = Races {
         pushes: scheds.iter().any(|s| {
-            s.steps
-                .iter()
-                .any(|st| matches!(st.action, Action::CopyTo { .. }))
+            s.steps.iter().any(|st| {
+                matches!(
+                    st.action,
+                    Action::CopyTo { .. } | Action::ReduceToAll { .. }
+                )
+            })
         }),
         ..Races::default()
     };
+    // What each rank's caller wrote before the call: a peer that touches
+    // a rank's memory without following its entry (event 1) races with it
+    // (the caller may still be filling its input, or reading the output of
+    // its previous call).
+    for (r, run) in ranks.iter().enumerate() {
+        for (m, v) in &run.mem.mems {
+            for j in 0..v.len() {
+                races.written.insert((r, *m, j), (r, 1));
+            }
+        }
+    }
     // Events: each rank's entry into the call is its event 1.
     let mut events = vec![1u64; n];
     let entry: Vec<Clock> = (0..n)
@@ -274,6 +288,7 @@ pub fn simulate(
                     st.action,
                     Action::Send { .. }
                         | Action::ReduceFrom { .. }
+                        | Action::ReduceToAll { .. }
                         | Action::CopyFrom { .. }
                         | Action::CopyTo { .. }
                 );
@@ -390,6 +405,35 @@ pub fn simulate(
                             .collect::<Result<Vec<Val>, String>>()?;
                         write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
+                        true
+                    }
+                    Action::ReduceToAll { dst, src, own } => {
+                        if own.len != src.len || dst.len != src.len {
+                            return Err(ctx("its spans differ in length"));
+                        }
+                        let mut srcs = Vec::new();
+                        for k in 0..n {
+                            let sp = if k == r { own } else { src };
+                            srcs.push(
+                                remote_read(&ranks, r, k, sp, &now, &mut races)
+                                    .map_err(|e| ctx(&e))?,
+                            );
+                        }
+                        let out = combine(&srcs).map_err(|e| ctx(&e))?;
+                        // Addressed with this rank's layout, in every rank's memory.
+                        let (m, at) = ranks[r].mem.loc(dst).map_err(|e| ctx(&e))?;
+                        for (k, run) in ranks.iter_mut().enumerate() {
+                            write_at(
+                                &mut run.mem,
+                                m,
+                                at,
+                                out.clone(),
+                                (k, r),
+                                &now,
+                                &mut races,
+                            )
+                            .map_err(|e| ctx(&e))?;
+                        }
                         true
                     }
                     Action::ReduceFrom { dst, src, own } => {

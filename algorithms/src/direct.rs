@@ -63,16 +63,31 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool) -> Schedule {
 
 /// All-reduce over mapped memory, writing where the result is needed:
 /// rank `r` reduces segment `r` of every rank's input a piece (`piece`
-/// elements) at a time into a cache-sized scratch slot, then copies the
-/// piece into every rank's output (its own and, `CopyTo`, its peers').
-/// Each rank reads its share of every input once and writes its share of
-/// every output once — the least memory traffic an all-reduce can have
-/// (the schedule above also writes the segment into its own output and
-/// reads it back to hand it on). Two slots alternate, so a piece's copies
-/// and the next piece's reduction need not wait for each other.
+/// elements) at a time and writes each piece into every rank's output
+/// (`ReduceToAll`: its own and its peers', one pass). Each rank reads its
+/// share of every input once and writes its share of every output once —
+/// the least memory traffic an all-reduce can have (the schedule above also
+/// writes the segment into its own output and reads it back to hand it
+/// on). An average divides between the two, so it reduces each piece into
+/// a cache-sized scratch slot, divides there and copies the piece out
+/// (`CopyTo`); two slots alternate, so a piece's copies and the next
+/// piece's reduction need not wait for each other.
 pub fn all_reduce_push(rank: usize, n: usize, count: usize, avg: bool, piece: usize) -> Schedule {
     let piece = piece.max(1);
     let (off, len) = (seg_off(count, n, rank), seg_len(count, n, rank));
+    if !avg {
+        let mut s = Schedule::default();
+        let ready = s.push(Action::Sync, &[]);
+        let pieces: Vec<u32> = chunks(off, len, piece)
+            .map(|(o, l)| {
+                let src = Span::new(INPUT, o, l);
+                let dst = Span::new(OUTPUT, o, l);
+                s.push(Action::ReduceToAll { dst, src, own: src }, &[ready])
+            })
+            .collect();
+        s.push(Action::Sync, &pieces);
+        return s;
+    }
     let mut s = Schedule {
         scratch: 2 * piece.min(len),
         ..Schedule::default()
@@ -85,7 +100,7 @@ pub fn all_reduce_push(rank: usize, n: usize, count: usize, avg: bool, piece: us
         let slot = Span::new(SCRATCH, (j % 2) * piece, l);
         let mut deps = vec![ready];
         deps.append(&mut slot_readers[j % 2]);
-        let mut last = s.push(
+        let reduced = s.push(
             Action::ReduceFrom {
                 dst: slot,
                 src: Span::new(INPUT, o, l),
@@ -93,9 +108,7 @@ pub fn all_reduce_push(rank: usize, n: usize, count: usize, avg: bool, piece: us
             },
             &deps,
         );
-        if avg {
-            last = s.push(Action::Divide { dst: slot }, &[last]);
-        }
+        let last = s.push(Action::Divide { dst: slot }, &[reduced]);
         let dst = Span::new(OUTPUT, o, l);
         for k in 0..n {
             let action = match k == rank {
@@ -113,6 +126,21 @@ pub fn all_reduce_push(rank: usize, n: usize, count: usize, avg: bool, piece: us
     }
     s.push(Action::Sync, &all);
     s
+}
+
+/// Whether a mapped all_reduce pulls (reduce own segment in place, read the
+/// others' back) rather than pushes: in place on 2 ranks with outputs of 4
+/// MiB (where outputs stream past the cache) up to 64 MiB, whose working
+/// set fits a last-level cache the streamed stores would empty. Measured
+/// (2 ranks, in place, busbw medians of 6 alternating runs, GB/s, pull /
+/// fused push): 1 MiB 12.3 / 39.7, 4 MiB 26.2 / 12.0, 16 MiB 14.8 / 12.6,
+/// 64 MiB 10.1 / 11.8, 256 MiB 9.5 / 11.8. On 4 ranks and out of place
+/// push led at every size.
+fn pull_in_place(s: &CollSpec) -> bool {
+    // Where outputs start to stream (kernels::copy::STREAM_MIN).
+    const STREAMED: usize = 4 << 20;
+    const CACHED_MAX: usize = 64 << 20;
+    s.in_place && s.nranks == 2 && (STREAMED..CACHED_MAX).contains(&s.bytes())
 }
 
 /// All-gather: every rank copies each peer's contribution into its output.
@@ -401,12 +429,7 @@ impl crate::Algorithm for Direct {
     fn build(&self, s: &CollSpec) -> Schedule {
         let (r, n, c) = (s.rank, s.nranks, s.count);
         let mapped = match s.kind {
-            // Measured (2 ranks, 256 MiB, busbw medians of 10 alternating
-            // runs): out of place push 8.12 / pull 7.36 GB/s; in place push
-            // 8.26 / pull 10.12 (16 MiB: 8.62 / 13.71: the pull reduces
-            // into lines it has just read). 4 ranks: push ahead both ways
-            // (5.19 / 4.63 out of place, 5.98 / 5.12 in place).
-            Kind::AllReduce if s.direct == Some(Access::Mapped) && !(s.in_place && n == 2) => {
+            Kind::AllReduce if s.direct == Some(Access::Mapped) && !pull_in_place(s) => {
                 all_reduce_push(r, n, c, s.avg, s.chunk)
             }
             Kind::AllReduce => all_reduce(r, n, c, s.avg),

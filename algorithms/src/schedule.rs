@@ -79,6 +79,12 @@ pub enum Action {
     /// that length). `dst` may be `own` (in place), never a span peers read
     /// before the next [`Action::Sync`].
     ReduceFrom { dst: Span, src: Span, own: Span },
+    /// Direct access: [`Action::ReduceFrom`]'s combination written into
+    /// `dst` of this rank and of every peer (mapped access only; the buffer
+    /// has the same shape on every rank), in one pass: what a reduction
+    /// into scratch followed by a [`Action::CopyTo`] per peer does in two.
+    /// `dst` may be `own` (in place).
+    ReduceToAll { dst: Span, src: Span, own: Span },
     /// Direct access: copy rank `peer`'s `src` into this rank's `dst`.
     CopyFrom { peer: usize, src: Span, dst: Span },
     /// Direct access: copy this rank's `src` into rank `peer`'s `dst` (the

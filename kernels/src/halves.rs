@@ -235,6 +235,45 @@ fn half_nway<H: Half>(isa: Isa, op: Op, d: &mut [H], srcs: &[&[H]]) {
     }
 }
 
+/// Streaming fan-out of halves: each block combined by [`half_nway`] (its
+/// bits) into an aligned block, then streamed to every destination.
+///
+/// # Safety
+/// As for `Scalar::k_fanout`.
+unsafe fn half_fanout<H: Half>(
+    isa: Isa,
+    op: Op,
+    dsts: &[*mut H],
+    srcs: &[*const H],
+    from: usize,
+    to: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::fanout::{store_fence, stream_block, with_views, Block, BLOCK};
+        let cnt = BLOCK / std::mem::size_of::<H>();
+        let mut blk = Block([0; BLOCK]);
+        let mut i = from;
+        while i < to {
+            // SAFETY: the block holds BLOCK bytes, 64-byte aligned, private.
+            let acc = std::slice::from_raw_parts_mut(blk.0.as_mut_ptr() as *mut H, cnt);
+            with_views(srcs, i, cnt, |v| half_nway(isa, op, acc, v));
+            for d in dsts {
+                // SAFETY: AVX2 (the caller's contract); d + i is 64-byte aligned.
+                stream_block(d.add(i) as *mut u8, blk.0.as_ptr());
+            }
+            i += cnt;
+        }
+        store_fence();
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    unreachable!(
+        "kernels: streaming fan-out needs AVX2 ({isa:?} {op:?} {} {} {from} {to})",
+        dsts.len(),
+        srcs.len()
+    );
+}
+
 macro_rules! half_scalar {
     ($($t:ty),*) => {$(
         impl Sealed for $t {}
@@ -242,6 +281,7 @@ macro_rules! half_scalar {
             fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]) { half_binary(isa, op, dst, a, b) }
             fn k_assign(isa: Isa, op: Op, dst: &mut [Self], src: &[Self]) { half_assign(isa, op, dst, src) }
             fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]) { half_nway(isa, op, dst, srcs) }
+            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], srcs: &[*const Self], from: usize, to: usize) { half_fanout(isa, op, dsts, srcs, from, to) }
             fn div_count(x: Self, n: usize) -> Self { <$t>::from_f32(x.to_f32() / n as f32) }
         }
     )*};

@@ -5,7 +5,9 @@
 //! - [`reduce`]: `dst = a op b` (ring algorithms: a received chunk with a local one),
 //! - [`reduce_assign`]: `dst op= src` (in-place variants),
 //! - [`reduce_n`]: `dst = op(src_0, .., src_k)` (shared-memory algorithms that
-//!   read every rank's contribution at once).
+//!   read every rank's contribution at once),
+//! - [`reduce_n_fanout`]: the same result written into several destinations
+//!   in one pass (a direct all_reduce's owner writing every rank's output).
 //!
 //! plus [`div_assign`], the final step of `Avg` (sum, then divide by the rank
 //! count; integers truncate toward zero like NCCL), and [`copy`], byte copies
@@ -24,9 +26,11 @@
 pub mod copy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod fanout;
 mod halves;
 mod native;
 
+pub use fanout::{reduce_n_fanout, reduce_n_fanout_with};
 pub use half::{bf16, f16};
 use std::fmt::Debug;
 use std::sync::OnceLock;
@@ -122,6 +126,23 @@ pub trait Scalar:
     /// `dst = op(srcs..)` with the given ISA; `srcs` is non-empty.
     #[doc(hidden)]
     fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]);
+    /// Elements `from..to` of every destination = op(srcs..), streamed
+    /// past the cache.
+    ///
+    /// # Safety
+    /// `isa` is AVX2 or AVX-512 and supported; `srcs` has at least two
+    /// sources; `to - from` is a whole number of 256-byte blocks; every
+    /// destination is 64-byte aligned at `from`; the ranges as for
+    /// [`reduce_n_fanout`].
+    #[doc(hidden)]
+    unsafe fn k_fanout(
+        isa: Isa,
+        op: Op,
+        dsts: &[*mut Self],
+        srcs: &[*const Self],
+        from: usize,
+        to: usize,
+    );
     /// `x / n` (truncating for integers; computed in f32 and rounded once for halves).
     fn div_count(x: Self, n: usize) -> Self;
 }

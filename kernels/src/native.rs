@@ -2,6 +2,8 @@
 //! generic loop per shape, instantiated under each ISA's target features so
 //! the compiler vectorizes it for that ISA.
 
+#[cfg(target_arch = "x86_64")]
+use crate::fanout::{store_fence, stream_block, Block, BLOCK};
 use crate::{sealed::Sealed, Isa, Op, Scalar};
 
 /// Element-wise operators of one native type.
@@ -25,6 +27,7 @@ macro_rules! native_int {
             fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]) { binary(isa, op, dst, a, b) }
             fn k_assign(isa: Isa, op: Op, dst: &mut [Self], src: &[Self]) { assign(isa, op, dst, src) }
             fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]) { nway(isa, op, dst, srcs) }
+            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], srcs: &[*const Self], from: usize, to: usize) { fanout(isa, op, dsts, srcs, from, to) }
             fn div_count(x: Self, n: usize) -> Self { (x as $wide / n as $wide) as $t }
         }
     )*};
@@ -50,6 +53,7 @@ macro_rules! native_float {
             fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]) { binary(isa, op, dst, a, b) }
             fn k_assign(isa: Isa, op: Op, dst: &mut [Self], src: &[Self]) { assign(isa, op, dst, src) }
             fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]) { nway(isa, op, dst, srcs) }
+            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], srcs: &[*const Self], from: usize, to: usize) { fanout(isa, op, dsts, srcs, from, to) }
             fn div_count(x: Self, n: usize) -> Self { x / n as $t }
         }
     )*};
@@ -170,5 +174,105 @@ pub(crate) fn nway<T: Native>(isa: Isa, op: Op, d: &mut [T], srcs: &[&[T]]) {
             assign(isa, op, block, &s[start..end]);
         }
         start = end;
+    }
+}
+
+/// One block at a time: combine it in registers (the same fold as
+/// [`nway`]: `s0 op s1`, then each further source) and stream it to every
+/// destination (see `fanout.rs`).
+///
+/// # Safety
+/// AVX2 available; as for `Scalar::k_fanout`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fanout_loop<T: Native>(
+    f: impl Fn(T, T) -> T + Copy,
+    dsts: &[*mut T],
+    srcs: &[*const T],
+    from: usize,
+    to: usize,
+) {
+    let cnt = BLOCK / std::mem::size_of::<T>();
+    let mut blk = Block([0; BLOCK]);
+    let acc = blk.0.as_mut_ptr() as *mut T;
+    let mut i = from;
+    while i < to {
+        let (a, b) = (srcs[0].add(i), srcs[1].add(i));
+        for j in 0..cnt {
+            *acc.add(j) = f(*a.add(j), *b.add(j));
+        }
+        for s in &srcs[2..] {
+            let s = s.add(i);
+            for j in 0..cnt {
+                *acc.add(j) = f(*acc.add(j), *s.add(j));
+            }
+        }
+        for d in dsts {
+            stream_block(d.add(i) as *mut u8, acc as *const u8);
+        }
+        i += cnt;
+    }
+    store_fence();
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn fanout_body<T: Native>(
+    op: Op,
+    dsts: &[*mut T],
+    srcs: &[*const T],
+    from: usize,
+    to: usize,
+) {
+    match op {
+        Op::Sum => fanout_loop(T::sum, dsts, srcs, from, to),
+        Op::Prod => fanout_loop(T::prod, dsts, srcs, from, to),
+        Op::Min => fanout_loop(T::min, dsts, srcs, from, to),
+        Op::Max => fanout_loop(T::max, dsts, srcs, from, to),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fanout_avx2<T: Native>(
+    op: Op,
+    dsts: &[*mut T],
+    srcs: &[*const T],
+    from: usize,
+    to: usize,
+) {
+    fanout_body(op, dsts, srcs, from, to)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn fanout_avx512<T: Native>(
+    op: Op,
+    dsts: &[*mut T],
+    srcs: &[*const T],
+    from: usize,
+    to: usize,
+) {
+    fanout_body(op, dsts, srcs, from, to)
+}
+
+/// Elements `from..to` of every destination, streamed (`Scalar::k_fanout`).
+///
+/// # Safety
+/// As for `Scalar::k_fanout`.
+pub(crate) unsafe fn fanout<T: Native>(
+    isa: Isa,
+    op: Op,
+    dsts: &[*mut T],
+    srcs: &[*const T],
+    from: usize,
+    to: usize,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => fanout_avx2(op, dsts, srcs, from, to),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => fanout_avx512(op, dsts, srcs, from, to),
+        _ => unreachable!("kernels: streaming fan-out needs AVX2"),
     }
 }

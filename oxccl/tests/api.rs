@@ -405,6 +405,9 @@ mod registered {
     /// alternating scratch slots), in and out of place, back to back.
     #[test]
     fn registered_all_reduce_in_many_pieces_is_exact() {
+        // 100 003 floats stay in the cache; 1 048 581 (4 MiB and 20 bytes,
+        // an odd tail) stream their outputs past it; the average takes
+        // the two-pass variant (reduce, divide, copy out).
         for n in [2, 3, 4] {
             let cfg = Config {
                 chunk_bytes: 4096,
@@ -412,27 +415,34 @@ mod registered {
             };
             with_ranks(n, cfg, |c| {
                 let r = c.rank();
-                let count = 100_003;
-                let fill = |b: &mut [f32]| {
-                    for (i, x) in b.iter_mut().enumerate() {
-                        *x = ((i % 11) + 3 * r) as f32;
-                    }
-                };
-                let mut a = c.alloc_shared::<f32>(count).unwrap();
-                let mut out = c.alloc_shared::<f32>(count).unwrap();
-                let nf = n as f32;
-                let want = |i: usize| nf * (i % 11) as f32 + 3.0 * (nf * (nf - 1.0) / 2.0);
-                for round in 0..3 {
-                    fill(&mut a);
-                    if round % 2 == 0 {
-                        c.all_reduce(&a, &mut out, ReduceOp::Sum).unwrap();
-                    } else {
-                        c.all_reduce_in_place(&mut a, ReduceOp::Sum).unwrap();
-                        out.copy_from_slice(&a);
-                    }
-                    assert_eq!(c.last_algorithm(), Some("direct"));
-                    for (i, x) in out.iter().enumerate() {
-                        assert_eq!(*x, want(i), "n {n} round {round} element {i}");
+                for count in [100_003, 1_048_581] {
+                    let fill = |b: &mut [f32]| {
+                        for (i, x) in b.iter_mut().enumerate() {
+                            *x = ((i % 11) + 3 * r) as f32;
+                        }
+                    };
+                    let mut a = c.alloc_shared::<f32>(count).unwrap();
+                    let mut out = c.alloc_shared::<f32>(count).unwrap();
+                    let nf = n as f32;
+                    let sum = |i: usize| nf * (i % 11) as f32 + 3.0 * (nf * (nf - 1.0) / 2.0);
+                    for round in 0..4 {
+                        fill(&mut a);
+                        let op = if round == 3 {
+                            ReduceOp::Avg
+                        } else {
+                            ReduceOp::Sum
+                        };
+                        if round % 2 == 0 {
+                            c.all_reduce(&a, &mut out, op).unwrap();
+                        } else {
+                            c.all_reduce_in_place(&mut a, op).unwrap();
+                            out.copy_from_slice(&a);
+                        }
+                        assert_eq!(c.last_algorithm(), Some("direct"));
+                        for (i, x) in out.iter().enumerate() {
+                            let want = if round == 3 { sum(i) / nf } else { sum(i) };
+                            assert_eq!(*x, want, "n {n} count {count} round {round} element {i}");
+                        }
                     }
                 }
             });

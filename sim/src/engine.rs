@@ -455,6 +455,13 @@ impl Sim<'_> {
             Action::Combine { dst, .. } | Action::ReduceFrom { dst, .. } => {
                 m.step_overhead + (n - 1.0).max(0.0) * self.bytes(dst.len) / m.reduce_rate
             }
+            // The reduction, then a copy's worth of writing per peer.
+            Action::ReduceToAll { dst, .. } => {
+                m.step_overhead
+                    + (n - 1.0).max(0.0)
+                        * self.bytes(dst.len)
+                        * (1.0 / m.reduce_rate + 1.0 / m.copy_rate)
+            }
             Action::Sync => 0.0,
         }
     }

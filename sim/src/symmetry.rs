@@ -73,7 +73,9 @@ fn spans(a: &Action) -> Vec<Span> {
         Action::Combine {
             dst, input, slots, ..
         } => vec![dst, input, slots],
-        Action::ReduceFrom { dst, src, own } => vec![dst, src, own],
+        Action::ReduceFrom { dst, src, own } | Action::ReduceToAll { dst, src, own } => {
+            vec![dst, src, own]
+        }
         Action::Sync => vec![],
     }
 }

@@ -238,26 +238,43 @@ fn a_missing_phase_in_a_direct_schedule_is_a_race() {
 
 /// The pushing all-reduce (owners write every rank's output) without its
 /// last `Sync`: a rank could leave, and reuse its output, while a peer
-/// still writes into it; and a piece copied out before it is reduced.
+/// still writes into it; a fused piece that does not wait for the first
+/// `Sync` writes a peer's output before that peer entered the call; and
+/// (the average's two-pass variant) a piece copied out before it is
+/// reduced.
 #[test]
 fn a_push_that_outlives_the_call_or_its_reduction_is_caught() {
     let n = 3;
     let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 10);
     spec.direct = Some(Access::Mapped);
     spec.chunk = 2;
-    let build = |rank| crate::direct::Direct.build(&CollSpec { rank, ..spec });
+    let build = |spec: CollSpec, rank| crate::direct::Direct.build(&CollSpec { rank, ..spec });
     let no_done: Vec<Schedule> = (0..n)
         .map(|rank| {
-            let mut s = build(rank);
+            let mut s = build(spec, rank);
             assert_eq!(s.steps.pop().map(|st| st.action), Some(Action::Sync));
             s
         })
         .collect();
     let e = check_schedules(&spec, &no_done).unwrap_err();
     assert!(e.contains("may still write"), "{e}");
+    let unready: Vec<Schedule> = (0..n)
+        .map(|rank| {
+            // Without the first Sync (every dependency on it dropped).
+            let mut s = build(spec, rank);
+            assert_eq!(s.steps.remove(0).action, Action::Sync);
+            for st in s.steps.iter_mut() {
+                st.deps = st.deps.iter().filter(|d| **d > 0).map(|d| d - 1).collect();
+            }
+            s
+        })
+        .collect();
+    let e = check_schedules(&spec, &unready).unwrap_err();
+    assert!(e.contains("without following rank"), "{e}");
+    let avg = CollSpec { avg: true, ..spec };
     let early: Vec<Schedule> = (0..n)
         .map(|rank| {
-            let mut s = build(rank);
+            let mut s = build(avg, rank);
             for st in s.steps.iter_mut() {
                 if matches!(st.action, Action::CopyTo { .. }) {
                     st.deps = vec![0];
@@ -266,7 +283,7 @@ fn a_push_that_outlives_the_call_or_its_reduction_is_caught() {
             s
         })
         .collect();
-    let e = check_schedules(&spec, &early).unwrap_err();
+    let e = check_schedules(&avg, &early).unwrap_err();
     assert!(e.contains("without happening after"), "{e}");
 }
 

@@ -156,6 +156,55 @@ impl Compute for HostCompute {
         Ok(Pending::DONE)
     }
 
+    fn reduce_fanout(
+        &mut self,
+        dtype: DataType,
+        op: kernels::Op,
+        dsts: &[Region],
+        srcs: &[Region],
+        final_out: bool,
+    ) -> Result<Pending> {
+        let es = dtype.size();
+        let len = dsts.first().map_or(0, |d| d.len / es);
+        for d in dsts {
+            self.check("write", d)?;
+            debug_assert_eq!(d.len / es, len);
+        }
+        for s in srcs {
+            self.check("read", s)?;
+            debug_assert!(s.len / es >= len);
+        }
+        if len == 0 {
+            return Ok(Pending::DONE);
+        }
+        if dsts.len() > MAX_STACK_SRCS || srcs.len() > MAX_STACK_SRCS {
+            // More than 32 ranks on one host: one reduction, then copies.
+            let mut last = self.reduce(dtype, op, dsts[0], srcs)?;
+            for d in &dsts[1..] {
+                last = self.copy(*d, dsts[0])?;
+            }
+            return Ok(last);
+        }
+        with_dtype!(dtype, T => {
+            let mut d = [std::ptr::null_mut::<T>(); MAX_STACK_SRCS];
+            let mut s = [std::ptr::null::<T>(); MAX_STACK_SRCS];
+            for (p, r) in d.iter_mut().zip(dsts) {
+                *p = r.ptr() as *mut T;
+            }
+            for (p, r) in s.iter_mut().zip(srcs) {
+                *p = r.ptr() as *const T;
+            }
+            // SAFETY: the regions are lent for this call (len elements
+            // each, aligned for T); by the schedule's contract a
+            // destination is a source exactly or overlaps none, and no
+            // destination overlaps another.
+            unsafe {
+                kernels::reduce_n_fanout(op, &d[..dsts.len()], &s[..srcs.len()], len, final_out)
+            };
+        });
+        Ok(Pending::DONE)
+    }
+
     fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending> {
         self.check("write", &dst)?;
         with_dtype!(dtype, T => {

@@ -54,6 +54,28 @@ pub trait Compute: Send {
         dst: Region,
         srcs: &[Region],
     ) -> Result<Pending>;
+    /// Start `dsts[k] = srcs[0] op srcs[1] op ..` for every `k`, in that
+    /// order (the bits of [`Compute::reduce`]). A destination may be a
+    /// source exactly (in place), never overlap one otherwise. `final_out`:
+    /// the destinations are a large call's final outputs, which nobody
+    /// reads soon. An engine whose work completes in order may do it as a
+    /// reduction into the first destination and copies from it (this
+    /// default).
+    fn reduce_fanout(
+        &mut self,
+        dtype: DataType,
+        op: kernels::Op,
+        dsts: &[Region],
+        srcs: &[Region],
+        final_out: bool,
+    ) -> Result<Pending> {
+        let _ = final_out;
+        let mut last = self.reduce(dtype, op, dsts[0], srcs)?;
+        for d in &dsts[1..] {
+            last = self.copy(*d, dsts[0])?;
+        }
+        Ok(last)
+    }
     /// Start `dst /= divisor` (the end of `Avg`).
     fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending>;
     /// Whether `work` completed; its failure is returned here.

@@ -89,6 +89,8 @@ struct Work {
     done: Vec<bool>,
     /// Sources of a reduction.
     srcs: Vec<Region>,
+    /// Destinations of a fanned-out reduction.
+    dsts: Vec<Region>,
     /// Local work an asynchronous engine has not completed yet.
     inflight: Vec<(u32, Pending)>,
     /// One-sided reads in flight: (step, peer, the read's ticket).
@@ -323,6 +325,7 @@ fn execute_with(
         locals,
         done,
         srcs,
+        dsts,
         inflight,
         remote,
         started,
@@ -539,6 +542,37 @@ fn execute_with(
                         }
                     }
                     compute.reduce(cx.dtype, cx.op, region(bufs, own, dst, es), srcs)?
+                }
+                Action::ReduceToAll {
+                    dst,
+                    src,
+                    own: mine,
+                } => {
+                    let dx = direct_ctx(cx)?;
+                    let (at, to) = (region(bufs, own, src, es), region(bufs, own, dst, es));
+                    srcs.clear();
+                    dsts.clear();
+                    for k in 0..cx.nranks {
+                        if k == cx.rank {
+                            srcs.push(region(bufs, own, mine, es));
+                            dsts.push(to);
+                            continue;
+                        }
+                        match (dx.peer_span(src.buf, at, k)?, dx.peer_span(dst.buf, to, k)?) {
+                            (PeerSpan::Mapped(from), PeerSpan::Mapped(into)) => {
+                                srcs.push(from);
+                                dsts.push(into);
+                            }
+                            _ => {
+                                return Err(Error::Protocol(format!(
+                                    "schedule of {} writes rank {k}'s memory through a one-sided link, which only reads (internal error)",
+                                    cx.during
+                                )))
+                            }
+                        }
+                    }
+                    let final_out = stream_out && dst.buf == OUTPUT;
+                    compute.reduce_fanout(cx.dtype, cx.op, dsts, srcs, final_out)?
                 }
                 Action::CopyFrom { peer, src, dst } => {
                     let dx = direct_ctx(cx)?;
