@@ -423,16 +423,8 @@ pub fn simulate(
                         // Addressed with this rank's layout, in every rank's memory.
                         let (m, at) = ranks[r].mem.loc(dst).map_err(|e| ctx(&e))?;
                         for (k, run) in ranks.iter_mut().enumerate() {
-                            write_at(
-                                &mut run.mem,
-                                m,
-                                at,
-                                out.clone(),
-                                (k, r),
-                                &now,
-                                &mut races,
-                            )
-                            .map_err(|e| ctx(&e))?;
+                            write_at(&mut run.mem, m, at, out.clone(), (k, r), &now, &mut races)
+                                .map_err(|e| ctx(&e))?;
                         }
                         true
                     }
