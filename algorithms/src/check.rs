@@ -408,18 +408,11 @@ pub fn simulate(
                         true
                     }
                     Action::ReduceToAll { dst, src, own } => {
-                        if own.len != src.len || dst.len != src.len {
+                        if dst.len != src.len {
                             return Err(ctx("its spans differ in length"));
                         }
-                        let mut srcs = Vec::new();
-                        for k in 0..n {
-                            let sp = if k == r { own } else { src };
-                            srcs.push(
-                                remote_read(&ranks, r, k, sp, &now, &mut races)
-                                    .map_err(|e| ctx(&e))?,
-                            );
-                        }
-                        let out = combine(&srcs).map_err(|e| ctx(&e))?;
+                        let out = reduce_from(&ranks, r, src, own, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
                         // Addressed with this rank's layout, in every rank's memory.
                         let (m, at) = ranks[r].mem.loc(dst).map_err(|e| ctx(&e))?;
                         for (k, run) in ranks.iter_mut().enumerate() {
@@ -429,18 +422,8 @@ pub fn simulate(
                         true
                     }
                     Action::ReduceFrom { dst, src, own } => {
-                        if own.len != src.len {
-                            return Err(ctx("its own part differs in length"));
-                        }
-                        let mut srcs = Vec::new();
-                        for k in 0..n {
-                            let sp = if k == r { own } else { src };
-                            srcs.push(
-                                remote_read(&ranks, r, k, sp, &now, &mut races)
-                                    .map_err(|e| ctx(&e))?,
-                            );
-                        }
-                        let out = combine(&srcs).map_err(|e| ctx(&e))?;
+                        let out = reduce_from(&ranks, r, src, own, &now, &mut races)
+                            .map_err(|e| ctx(&e))?;
                         write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true
@@ -633,6 +616,25 @@ fn write_at(
     }
     theirs[at..at + len].clone_from_slice(&v);
     Ok(())
+}
+
+/// Rank `me`'s direct reduction: `src` of every peer and `own` of its
+/// own, combined in rank order.
+fn reduce_from(
+    ranks: &[RankRun],
+    me: usize,
+    src: Span,
+    own: Span,
+    now: &Clock,
+    races: &mut Races,
+) -> Result<Vec<Val>, String> {
+    if own.len != src.len {
+        return Err("its own part differs in length".into());
+    }
+    let srcs = (0..ranks.len())
+        .map(|k| remote_read(ranks, me, k, if k == me { own } else { src }, now, races))
+        .collect::<Result<Vec<_>, String>>()?;
+    combine(&srcs)
 }
 
 /// Rank `me` reads `src` of rank `owner` (addressed with `me`'s layout, as

@@ -1162,13 +1162,8 @@ impl Inner {
         } else {
             None
         };
-        let now = self.notice_before(
-            &mut st.control,
-            &mut st.control_checked,
-            &fp,
-            seq,
-            direct.as_ref(),
-        )?;
+        let ids = executor::buffer_ids(direct.as_ref());
+        let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, ids)?;
         // A peer waiting for this call on the small-message path learns
         // that this rank runs another.
         if let Some(p) = &st.small {
@@ -1193,7 +1188,8 @@ impl Inner {
     ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
-        let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, None)?;
+        // Described with its registered buffers, as it publishes itself.
+        let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, ids)?;
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let State {
             net,
@@ -1205,6 +1201,8 @@ impl Inner {
             Error::Protocol("the small-message path without small pages (internal error)".into())
         })?;
         let mut cx = self.call_ctx(control, now, timeout, fp, seq, None);
+        // No direct steps, but its registered buffers are named.
+        cx.ids = ids;
         executor::small::run(pages, net.host_engine(), &mut cx, call, ids, input, output)
     }
 
@@ -1219,7 +1217,7 @@ impl Inner {
         checked: &mut Instant,
         fp: &Fingerprint,
         seq: u64,
-        direct: Option<&DirectCtx<'_>>,
+        ids: u64,
     ) -> Result<Instant> {
         // One clock read per call: this look and the call's deadline.
         let now = Instant::now();
@@ -1227,7 +1225,7 @@ impl Inner {
             *checked = now;
             if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {
                 // Described as the peers know this call (with its buffers).
-                let own = executor::describe_own(fp, seq, direct);
+                let own = executor::describe(fp, seq, ids);
                 let during = executor::CallName { fp: *fp, seq };
                 return Err(failure::notice_to_error(
                     n,
@@ -1251,6 +1249,7 @@ impl Inner {
         seq: u64,
         direct: Option<DirectCtx<'a>>,
     ) -> CallCtx<'a> {
+        let ids = executor::buffer_ids(direct.as_ref());
         CallCtx {
             rank: self.rank,
             nranks: self.nranks,
@@ -1269,6 +1268,7 @@ impl Inner {
             abort_fd: self.abort_fd.as_raw_fd(),
             aborted: &self.aborted,
             direct,
+            ids,
         }
     }
 

@@ -179,11 +179,7 @@ impl Compute for HostCompute {
         }
         if dsts.len() > MAX_STACK_SRCS || srcs.len() > MAX_STACK_SRCS {
             // More than 32 ranks on one host: one reduction, then copies.
-            let mut last = self.reduce(dtype, op, dsts[0], srcs)?;
-            for d in &dsts[1..] {
-                last = self.copy(*d, dsts[0])?;
-            }
-            return Ok(last);
+            return super::reduce_then_copy(self, dtype, op, dsts, srcs);
         }
         with_dtype!(dtype, T => {
             let mut d = [std::ptr::null_mut::<T>(); MAX_STACK_SRCS];

@@ -70,11 +70,7 @@ pub trait Compute: Send {
         final_out: bool,
     ) -> Result<Pending> {
         let _ = final_out;
-        let mut last = self.reduce(dtype, op, dsts[0], srcs)?;
-        for d in &dsts[1..] {
-            last = self.copy(*d, dsts[0])?;
-        }
-        Ok(last)
+        reduce_then_copy(self, dtype, op, dsts, srcs)
     }
     /// Start `dst /= divisor` (the end of `Avg`).
     fn divide(&mut self, dtype: DataType, dst: Region, divisor: usize) -> Result<Pending>;
@@ -111,4 +107,20 @@ pub trait Compute: Send {
         let _ = bytes;
         Ok(None)
     }
+}
+
+/// [`Compute::reduce_fanout`] as a reduction into the first destination
+/// and copies from it (in-order engines; the host's beyond its stack).
+pub(crate) fn reduce_then_copy<C: Compute + ?Sized>(
+    engine: &mut C,
+    dtype: DataType,
+    op: kernels::Op,
+    dsts: &[Region],
+    srcs: &[Region],
+) -> Result<Pending> {
+    let mut last = engine.reduce(dtype, op, dsts[0], srcs)?;
+    for d in &dsts[1..] {
+        last = engine.copy(*d, dsts[0])?;
+    }
+    Ok(last)
 }

@@ -65,6 +65,9 @@ pub(crate) struct CallCtx<'a> {
     /// Direct access (registered buffers, `Sync` phases), when the call
     /// has it.
     pub direct: Option<DirectCtx<'a>>,
+    /// The ids of the call's registered buffers as it publishes them (0:
+    /// none): message headers carry them, mismatch reports show them.
+    pub ids: u64,
 }
 
 impl CallCtx<'_> {
@@ -72,12 +75,12 @@ impl CallCtx<'_> {
     /// it publishes it (with the registered buffers of a direct call), so a
     /// relayed report is matched to the right side.
     pub(super) fn own(&self) -> String {
-        super::direct::describe_own(&self.fp, self.seq, self.direct.as_ref())
+        super::direct::describe(&self.fp, self.seq, self.ids)
     }
 
     /// The ids of the call's registered buffers, as headers carry them.
     fn buf_ids(&self) -> u64 {
-        self.direct.as_ref().map_or(0, |dx| dx.ids())
+        self.ids
     }
 
     /// Turn a control-plane notice into this call's error.
@@ -252,7 +255,7 @@ impl CallCtx<'_> {
         if seq != my_seq || !fp.agrees_with(&my_fp) {
             return Err(Error::Mismatch {
                 // Described only now: headers are checked per message.
-                local: super::direct::describe_own(&my_fp, my_seq, self.direct.as_ref()),
+                local: super::direct::describe(&my_fp, my_seq, self.ids),
                 peer,
                 world_peer: peer,
                 remote: super::direct::describe(&fp, seq, bufs),

@@ -172,13 +172,15 @@ pub(crate) fn reached(v: u32, target: u32) -> bool {
     v.wrapping_sub(target) as i32 >= 0
 }
 
-/// How a rank describes its call in mismatch reports: as it publishes it
-/// (a direct call with its registered buffers).
-pub(crate) fn describe_own(fp: &Fingerprint, seq: u64, direct: Option<&DirectCtx<'_>>) -> String {
-    describe(fp, seq, direct.map_or(0, |dx| dx.ids()))
+/// The ids of a call's registered buffers as it publishes them (0: none).
+pub(crate) fn buffer_ids(direct: Option<&DirectCtx<'_>>) -> u64 {
+    direct.map_or(0, |dx| dx.ids())
 }
 
-pub(super) fn describe(fp: &Fingerprint, seq: u64, ids: u64) -> String {
+/// How a rank describes a call in mismatch reports: as it publishes it
+/// (with the ids of its registered buffers), so a relayed report can be
+/// matched to the right side.
+pub(crate) fn describe(fp: &Fingerprint, seq: u64, ids: u64) -> String {
     if ids == 0 {
         return describe_call(fp, seq);
     }

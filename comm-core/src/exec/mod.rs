@@ -27,8 +27,8 @@ pub(crate) mod small;
 
 pub(crate) use call::{describe_call, CallCtx, CallName};
 
-pub(crate) use direct::describe_own;
 use direct::PeerSpan;
+pub(crate) use direct::{buffer_ids, describe};
 pub(crate) use direct::{shared_bytes, DirectCtx, SyncFlags, FLAG_PAGE, SHARED_BYTES};
 pub use header::{WireHeader, HEADER_LEN};
 
