@@ -142,6 +142,10 @@ unsafe fn through_cache<T: Scalar>(
     from: usize,
     to: usize,
 ) {
+    if from >= to {
+        // Most calls: no unaligned end (and no 4 KiB stage to clear).
+        return;
+    }
     let mut stage = Stage([0; STAGE]);
     let step = STAGE / std::mem::size_of::<T>();
     let mut at = from;
