@@ -576,6 +576,34 @@ impl Communicator {
         else {
             return Ok(());
         };
+        // A rank that finishes these exchanges first may start its first
+        // call and fail it (a mismatch) while this rank still waits for
+        // the last message of the barrier: that failure belongs to this
+        // rank's first call, not to its init (CI: mismatch_matrix_shm).
+        self.inner.state.lock().unwrap().control.hold_notices(true);
+        let mapped = self.map_host_pages(d);
+        let mut st = self.inner.state.lock().unwrap();
+        st.control.hold_notices(false);
+        match mapped {
+            // Anything held is reported by the first call's first poll.
+            Ok(()) => Ok(()),
+            // A peer that announced its failure and left: its words are
+            // the cause, the closed links only the consequence.
+            Err(e) => match st.control.take_held() {
+                Some(n) => {
+                    let during = "init (sharing host pages)";
+                    Err(
+                        failure::notice_to_error(n, self.rank(), &self.inner.peers, during, during)
+                            .in_world(&self.inner.world, &self.inner.peers),
+                    )
+                }
+                None => Err(e),
+            },
+        }
+    }
+
+    /// [`Communicator::share_host_pages`] over `d`.
+    fn map_host_pages(&self, d: Arc<dyn crate::transport::DirectAccess>) -> Result<()> {
         let (me, n) = (self.rank(), self.nranks());
         // (small page, flag page, shared memory), in this order everywhere.
         let sizes = [

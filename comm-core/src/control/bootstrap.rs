@@ -379,6 +379,11 @@ pub(crate) struct Control {
     stream: TcpStream,
     buf: Vec<u8>,
     gone: bool,
+    /// Announcements are held back (see [`Control::hold_notices`]).
+    holding: bool,
+    /// The first announcement held back, reported by the first poll after
+    /// holding ends.
+    held: Option<Notice>,
 }
 
 /// One attempt to reach the root: connect and shake hands within `left`.
@@ -487,6 +492,8 @@ pub(crate) fn rendezvous(
             stream: s,
             buf: Vec::new(),
             gone: false,
+            holding: false,
+            held: None,
         },
         table,
     ))
@@ -576,13 +583,40 @@ impl Control {
         })
     }
 
+    /// Hold announcements back (`true`) or report them again (`false`).
+    /// For the exchanges inside `init`: they complete whenever every rank
+    /// is alive, and a failure announced meanwhile belongs to a later call
+    /// of ranks that finished `init` first (a rank that fails inside `init`
+    /// closes its links, which its peers see). Held, the first one is
+    /// reported by the first poll after holding ends.
+    pub(crate) fn hold_notices(&mut self, hold: bool) {
+        self.holding = hold;
+    }
+
+    /// The announcement held back, if any (it will not be reported).
+    pub(crate) fn take_held(&mut self) -> Option<Notice> {
+        self.held.take()
+    }
+
     /// Read whatever arrived, without blocking; the first event, if any.
     /// `RootGone` is reported once; afterwards this returns `None`.
     pub(crate) fn poll(&mut self) -> Option<ControlEvent> {
+        if !self.holding {
+            if let Some(n) = self.held.take() {
+                return Some(ControlEvent::Notice(n));
+            }
+        }
         if self.gone {
             return None;
         }
-        let ev = self.poll_inner();
+        let ev = loop {
+            match self.poll_inner() {
+                Some(ControlEvent::Notice(n)) if self.holding => {
+                    self.held.get_or_insert(n);
+                }
+                ev => break ev,
+            }
+        };
         if matches!(ev, Some(ControlEvent::RootGone)) {
             self.gone = true;
         }
@@ -635,5 +669,86 @@ impl Control {
             }
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A control connection whose root end the test writes to.
+    fn control() -> (Control, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let root = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let c = Control {
+            stream: s,
+            buf: Vec::new(),
+            gone: false,
+            holding: false,
+            held: None,
+        };
+        (c, root)
+    }
+
+    fn send(root: &mut TcpStream, n: &Notice) {
+        let body = n.encode_frame();
+        root.write_all(&(body.len() as u32).to_le_bytes()).unwrap();
+        root.write_all(&body).unwrap();
+    }
+
+    fn lost(rank: usize) -> Notice {
+        Notice::Lost {
+            rank,
+            detail: format!("rank {rank}"),
+        }
+    }
+
+    /// Poll until `done` or 5 s; what the last poll said.
+    fn poll_until(c: &mut Control, done: impl Fn(&Control) -> bool) -> Option<ControlEvent> {
+        let t = Instant::now();
+        loop {
+            let ev = c.poll();
+            if ev.is_some() || done(c) || t.elapsed() > Duration::from_secs(5) {
+                return ev;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_notice_held_back_during_init_is_reported_by_the_first_poll_after() {
+        let (mut c, mut root) = control();
+        c.hold_notices(true);
+        send(&mut root, &lost(1));
+        send(&mut root, &lost(2));
+        // Held: never reported while holding, however often polled.
+        assert!(poll_until(&mut c, |c| c.held.is_some()).is_none());
+        assert!(poll_until(&mut c, |c| c.buf.is_empty()).is_none());
+        c.hold_notices(false);
+        // The first one (the cause; later ones follow from it), once.
+        match c.poll() {
+            Some(ControlEvent::Notice(Notice::Lost { rank: 1, .. })) => {}
+            _ => panic!("the held notice was not reported"),
+        }
+        assert!(c.poll().is_none());
+        // Not holding: reported as it comes.
+        send(&mut root, &lost(3));
+        match poll_until(&mut c, |_| false) {
+            Some(ControlEvent::Notice(Notice::Lost { rank: 3, .. })) => {}
+            _ => panic!("a notice after holding was not reported"),
+        }
+    }
+
+    #[test]
+    fn a_notice_held_back_can_be_taken_instead() {
+        let (mut c, mut root) = control();
+        c.hold_notices(true);
+        send(&mut root, &lost(4));
+        assert!(poll_until(&mut c, |c| c.held.is_some()).is_none());
+        c.hold_notices(false);
+        assert!(matches!(c.take_held(), Some(Notice::Lost { rank: 4, .. })));
+        assert!(c.poll().is_none());
     }
 }
