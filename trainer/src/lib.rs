@@ -8,5 +8,6 @@ pub mod data;
 pub mod model;
 pub mod optim;
 pub mod plot;
+pub mod tp;
 pub mod train;
 pub mod zero;

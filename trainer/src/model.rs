@@ -148,16 +148,54 @@ pub fn embed(
     tok.broadcast_add(p[1].as_tensor())
 }
 
+/// Where a block's divided layers meet the rest of the model. In one
+/// process (and DDP, ZeRO) nothing is divided: [`Whole`]. Under tensor
+/// parallelism ([`crate::tp`]) each of `ranks` ranks holds `1/ranks` of
+/// the heads and of the MLP's hidden columns: `enter` precedes a
+/// column-parallel layer (Megatron's *f*: identity forward, gradients
+/// summed over the group backward) and `leave` follows a row-parallel one
+/// (*g*: partial outputs summed forward, identity backward).
+pub trait Shards {
+    /// Ranks the heads and hidden columns are divided among.
+    fn ranks(&self) -> usize;
+    fn enter(&self, x: &Tensor) -> Result<Tensor>;
+    fn leave(&self, x: &Tensor) -> Result<Tensor>;
+}
+
+/// Nothing divided.
+pub struct Whole;
+
+impl Shards for Whole {
+    fn ranks(&self) -> usize {
+        1
+    }
+    fn enter(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+    fn leave(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.clone())
+    }
+}
+
 /// One transformer block (pre-norm attention + MLP, residual).
 pub fn block(cfg: &ModelConfig, p: &[Var], x: &Tensor) -> Result<Tensor> {
-    let (b, t, d) = x.dims3()?;
-    let h = cfg.heads;
-    let dh = d / h;
+    block_sharded(cfg, p, x, &Whole)
+}
+
+/// [`block`] on this rank's part of the block: `p` holds the columns of
+/// its heads in `w_qkv`/`b_qkv` (of q, k and v each), their rows of
+/// `w_o`, its hidden columns of `w_fc`/`b_fc` and rows of `w_proj`; the
+/// norms and output biases whole.
+pub fn block_sharded(cfg: &ModelConfig, p: &[Var], x: &Tensor, s: &dyn Shards) -> Result<Tensor> {
+    let (b, t, _) = x.dims3()?;
+    let h = cfg.heads / s.ranks();
+    let dh = cfg.d_model / cfg.heads;
+    let dl = h * dh;
     let w = |i: usize| p[i].as_tensor();
-    let a = layer_norm(x, w(0), w(1))?;
+    let a = s.enter(&layer_norm(x, w(0), w(1))?)?;
     let qkv = a.broadcast_matmul(w(2))?.broadcast_add(w(3))?;
     let heads = |i: usize| -> Result<Tensor> {
-        qkv.narrow(D::Minus1, i * d, d)?
+        qkv.narrow(D::Minus1, i * dl, dl)?
             .reshape((b, t, h, dh))?
             .transpose(1, 2)?
             .contiguous()
@@ -169,11 +207,12 @@ pub fn block(cfg: &ModelConfig, p: &[Var], x: &Tensor) -> Result<Tensor> {
         .collect();
     let mask = Tensor::from_slice(&mask, (t, t), x.device())?;
     let att = candle_nn::ops::softmax(&scores.broadcast_add(&mask)?, D::Minus1)?;
-    let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, d))?;
-    let x = (x + y.broadcast_matmul(w(4))?.broadcast_add(w(5))?)?;
-    let m = layer_norm(&x, w(6), w(7))?;
+    let y = att.matmul(&v)?.transpose(1, 2)?.reshape((b, t, dl))?;
+    let y = s.leave(&y.broadcast_matmul(w(4))?)?;
+    let x = (x + y.broadcast_add(w(5))?)?;
+    let m = s.enter(&layer_norm(&x, w(6), w(7))?)?;
     let m = m.broadcast_matmul(w(8))?.broadcast_add(w(9))?.gelu()?;
-    x + m.broadcast_matmul(w(10))?.broadcast_add(w(11))?
+    x + s.leave(&m.broadcast_matmul(w(10))?)?.broadcast_add(w(11))?
 }
 
 /// Final norm, logits and mean cross-entropy against `targets`.
@@ -196,9 +235,22 @@ pub fn loss(
     rows: usize,
     dev: &Device,
 ) -> Result<Tensor> {
+    loss_sharded(cfg, units, ids, targets, rows, dev, &Whole)
+}
+
+/// [`loss`] with the blocks divided as `s` says (embeddings and head whole).
+pub fn loss_sharded(
+    cfg: &ModelConfig,
+    units: &[Vec<Var>],
+    ids: &[u32],
+    targets: &[u32],
+    rows: usize,
+    dev: &Device,
+    s: &dyn Shards,
+) -> Result<Tensor> {
     let mut x = embed(cfg, &units[0], ids, rows, dev)?;
     for u in &units[1..units.len() - 1] {
-        x = block(cfg, u, &x)?;
+        x = block_sharded(cfg, u, &x, s)?;
     }
     head_loss(cfg, &units[units.len() - 1], &x, targets)
 }

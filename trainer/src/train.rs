@@ -13,7 +13,7 @@ use crate::data::Corpus;
 use crate::model::{self, ModelConfig};
 use crate::optim::{AdamW, Moments};
 use candle_core::Device;
-use oxccl::{Communicator, ReduceOp, Work};
+use oxccl::{Communicator, CoreCommunicator, ReduceOp, Work};
 use std::time::Instant;
 
 /// What a run does, identical on every rank.
@@ -96,7 +96,7 @@ impl From<oxccl::Error> for TrainError {
 }
 
 /// Local rows of rank `rank` of `n` in micro-step `micro` of `accum`.
-fn rows(batch: usize, rank: usize, n: usize, micro: usize, accum: usize) -> std::ops::Range<usize> {
+pub(crate) fn rows(batch: usize, rank: usize, n: usize, micro: usize, accum: usize) -> std::ops::Range<usize> {
     let per_rank = batch / n;
     let per_micro = per_rank / accum;
     let start = rank * per_rank + micro * per_micro;
@@ -148,13 +148,7 @@ pub fn step(
         local_loss += model::scalar(&loss)? / cfg.accum as f32;
         tokens += x.len();
         let g = loss.backward()?;
-        for (u, vs) in vars.iter().enumerate() {
-            let mut flat = Vec::with_capacity(grads[u].len());
-            model::unit_grads(vs, &g, &mut flat)?;
-            for (acc, v) in grads[u].iter_mut().zip(flat) {
-                *acc += v / cfg.accum as f32;
-            }
-        }
+        accumulate(&vars, &g, &mut grads, cfg.accum)?;
     }
     let mut comm_seconds = 0.0;
     let mut loss = local_loss;
@@ -178,13 +172,31 @@ pub fn step(
     })
 }
 
+/// Add one micro-step's gradients of every unit's `vars`, divided by
+/// `accum`, to `grads`.
+pub(crate) fn accumulate(
+    vars: &[Vec<candle_core::Var>],
+    g: &candle_core::backprop::GradStore,
+    grads: &mut [Vec<f32>],
+    accum: usize,
+) -> candle_core::Result<()> {
+    for (u, vs) in vars.iter().enumerate() {
+        let mut flat = Vec::with_capacity(grads[u].len());
+        model::unit_grads(vs, g, &mut flat)?;
+        for (acc, v) in grads[u].iter_mut().zip(flat) {
+            *acc += v / accum as f32;
+        }
+    }
+    Ok(())
+}
+
 /// Where a stretch of a bucket came from: (unit, offset, length).
 type Piece = (usize, usize, usize);
 
 /// Average `grads` across ranks in buckets of about `bucket_bytes`,
 /// launched from the last unit backwards as soon as each bucket is full.
-fn all_reduce_buckets(
-    c: &Communicator,
+pub(crate) fn all_reduce_buckets(
+    c: &CoreCommunicator,
     grads: &mut [Vec<f32>],
     bucket_bytes: usize,
 ) -> oxccl::Result<()> {

@@ -325,3 +325,82 @@ fn ddp_resume_from_checkpoint_is_bit_identical() {
     }
     std::fs::remove_file(path).ok();
 }
+
+/// `T × D` ranks: tensor-parallel groups of `t`; every rank's whole model
+/// (gathered from its group) and losses.
+fn tensor_parallel(cfg: &TrainConfig, n: usize, t: usize, steps: u64) -> Vec<(TrainState, Vec<f32>)> {
+    with_comms(n, |comm, _| {
+        let g = trainer::tp::Groups::split(&comm, t).unwrap();
+        let c = corpus();
+        let mut st = trainer::tp::init_state(cfg, g.tp.rank(), t);
+        let losses = (0..steps)
+            .map(|_| {
+                trainer::tp::step(cfg, &c, &mut st, &g.tp, Some(&g.dp))
+                    .unwrap()
+                    .loss
+            })
+            .collect();
+        let params = trainer::tp::gather_full(&cfg.model, &st, &g.tp).unwrap();
+        (
+            TrainState {
+                step: st.step,
+                params,
+                moments: Vec::new(),
+            },
+            losses,
+        )
+    })
+}
+
+#[test]
+fn tensor_parallel_matches_single_process() {
+    for accum in [1, 2] {
+        let c = cfg(accum);
+        let (want, want_losses) = single(&c, 10);
+        // (ranks, tensor-parallel group): TP 2, TP 4 (one head each), and
+        // TP 2 x DP 2.
+        for (n, t) in [(2, 2), (4, 4), (4, 2)] {
+            let got = tensor_parallel(&c, n, t, 10);
+            for (r, (st, losses)) in got.iter().enumerate() {
+                let rel = max_rel(st, &want);
+                assert!(
+                    rel <= 1e-5,
+                    "TP {t} on {n} ranks (accum {accum}), rank {r}: parameters differ by {rel:e}"
+                );
+                // Every group holds the same model, bit for bit.
+                assert_eq!(st.params, got[0].0.params, "rank {r} diverged from rank 0");
+                for (a, b) in losses.iter().zip(&want_losses) {
+                    assert!(
+                        (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                        "TP {t} on {n} ranks: loss {a} vs {b}"
+                    );
+                }
+            }
+            eprintln!(
+                "TP {t} x DP {} (accum {accum}) vs single after 10 steps: relative (per unit, L2) {:e}, largest elementwise {:e}",
+                n / t,
+                max_rel(&got[0].0, &want),
+                max_abs(&got[0].0, &want)
+            );
+        }
+    }
+}
+
+#[test]
+fn tensor_parallel_refuses_what_does_not_divide() {
+    let c = cfg(1);
+    let errs = with_comms(3, |comm, _| {
+        // 3 ranks do not form groups of 2; 4 heads do not divide by 3.
+        let groups = trainer::tp::Groups::split(&comm, 2).err().map(|e| e.to_string());
+        let g = trainer::tp::Groups::split(&comm, 3).unwrap();
+        let mut st = trainer::tp::init_state(&c, g.tp.rank(), 3);
+        let heads = trainer::tp::step(&c, &corpus(), &mut st, &g.tp, Some(&g.dp))
+            .err()
+            .map(|e| e.to_string());
+        (groups, heads)
+    });
+    for (groups, heads) in errs {
+        assert!(groups.unwrap().contains("do not divide into tensor-parallel groups of 2"));
+        assert!(heads.unwrap().contains("needs a multiple of 3 heads"));
+    }
+}
