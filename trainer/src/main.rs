@@ -4,6 +4,7 @@
 //! trainer --mode single --steps 300
 //! oxrun -n 4 trainer --mode ddp --steps 300 --batch 32
 //! oxrun -n 4 trainer --mode zero3 --steps 300 --batch 32
+//! oxrun -n 4 trainer --mode ddp --tp 2 --steps 300 --batch 32
 //! trainer --estimate --params 7e9 --ranks 8
 //! ```
 
@@ -14,7 +15,7 @@ use trainer::model::ModelConfig;
 use trainer::optim::AdamW;
 use trainer::train::{step, TrainConfig, TrainState};
 
-const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
+const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N]
        trainer --estimate [--params P] [--ranks N]
@@ -22,6 +23,8 @@ const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--steps N] [--bat
 
 struct Cli {
     mode: String,
+    /// Tensor-parallel group size (DDP across groups).
+    tp: usize,
     steps: u64,
     cfg: TrainConfig,
     data: Option<String>,
@@ -37,6 +40,7 @@ struct Cli {
 fn parse() -> Result<Cli, String> {
     let mut c = Cli {
         mode: "single".into(),
+        tp: 1,
         steps: 300,
         cfg: TrainConfig {
             model: ModelConfig {
@@ -73,6 +77,7 @@ fn parse() -> Result<Cli, String> {
         };
         match a.as_str() {
             "--mode" => c.mode = val()?,
+            "--tp" => c.tp = (num(val()?)? as usize).max(1),
             "--steps" => c.steps = num(val()?)? as u64,
             "--batch" => c.cfg.batch = num(val()?)? as usize,
             "--seq" => c.cfg.model.seq = num(val()?)? as usize,
@@ -97,6 +102,12 @@ fn parse() -> Result<Cli, String> {
     }
     if !["single", "ddp", "zero3"].contains(&c.mode.as_str()) {
         return Err(format!("--mode {:?}: use single, ddp or zero3", c.mode));
+    }
+    if c.tp > 1 && c.mode != "ddp" {
+        return Err(format!(
+            "--tp {} runs with --mode ddp (data parallelism across tensor-parallel groups), not {}",
+            c.tp, c.mode
+        ));
     }
     Ok(c)
 }
@@ -191,7 +202,21 @@ fn main() {
         None
     };
     let (rank, n) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.nranks()));
-    if let Err(e) = trainer::train::validate(&cfg, n) {
+    // Tensor-parallel groups of `--tp` ranks; DDP across them.
+    let groups = comm
+        .as_ref()
+        .filter(|_| cli.tp > 1)
+        .map(|c| trainer::tp::Groups::split(c, cli.tp));
+    let groups = match groups.transpose() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("trainer: {e}");
+            std::process::exit(2);
+        }
+    };
+    let checked = trainer::train::validate(&cfg, n / cli.tp)
+        .and_then(|_| trainer::tp::validate(&cfg.model, cli.tp));
+    if let Err(e) = checked {
         eprintln!("trainer: {e}");
         std::process::exit(2);
     }
@@ -215,6 +240,16 @@ fn main() {
             }
             None => trainer::zero::ShardState::new(&cfg, rank, n),
         });
+    } else if let Some(g) = &groups {
+        // This rank's part; a checkpoint holds the whole state (of any layout).
+        let (r, t) = (g.tp.rank(), cli.tp);
+        full = Some(match &cli.resume {
+            Some(path) => {
+                let whole = trainer::checkpoint::load(path, &lens).unwrap_or_else(|e| fail(&e));
+                trainer::tp::shard_state(&cfg.model, &whole, r, t)
+            }
+            None => trainer::tp::init_state(&cfg, r, t),
+        });
     } else {
         full = Some(match &cli.resume {
             Some(path) => trainer::checkpoint::load(path, &lens).unwrap_or_else(|e| fail(&e)),
@@ -235,8 +270,12 @@ fn main() {
     });
     if rank == 0 {
         println!(
-            "trainer: mode {} on {n} rank(s), {} parameters, batch {} x {} tokens, accum {}, from step {}",
+            "trainer: mode {}{} on {n} rank(s), {} parameters, batch {} x {} tokens, accum {}, from step {}",
             cli.mode,
+            match cli.tp {
+                1 => String::new(),
+                t => format!(" (tensor parallel {t} x data parallel {})", n / t),
+            },
             cfg.model.parameters(),
             cfg.batch,
             cfg.model.seq,
@@ -257,7 +296,11 @@ fn main() {
     };
     while current_step(&full, &shard) < cli.steps {
         let s = match (&mut full, &mut shard) {
-            (Some(st), _) => step(&cfg, &corpus, st, comm.as_ref()).unwrap_or_else(|e| fail(&e)),
+            (Some(st), _) => match &groups {
+                Some(g) => trainer::tp::step(&cfg, &corpus, st, &g.tp, Some(&g.dp)),
+                None => step(&cfg, &corpus, st, comm.as_ref()),
+            }
+            .unwrap_or_else(|e| fail(&e)),
             (None, Some(sh)) => {
                 let (s, m) = trainer::zero::step(&cfg, &corpus, sh, comm.as_ref().unwrap())
                     .unwrap_or_else(|e| fail(&e));
@@ -302,7 +345,9 @@ fn main() {
     }
     bar.finish_and_clear();
     // What this rank holds (f32 throughout this trainer).
-    let p = 4 * cfg.model.parameters();
+    let p = 4 * full
+        .as_ref()
+        .map_or(0, |st| st.params.iter().map(Vec::len).sum::<usize>());
     let m = match &shard {
         Some(sh) => trainer::zero::Memory {
             peak_gathered: memory.peak_gathered,
@@ -332,6 +377,13 @@ fn main() {
             );
         }
     }
+    // Tensor parallel: the whole state gathered, saved like any other.
+    let full = match (&cli.save, full, &groups) {
+        (Some(_), Some(st), Some(g)) => {
+            Some(trainer::tp::gather_state(&cfg.model, &st, &g.tp).unwrap_or_else(|e| fail(&e)))
+        }
+        (_, full, _) => full,
+    };
     if let (Some(path), Some(st), 0) = (&cli.save, &full, rank) {
         trainer::checkpoint::save(st, path).unwrap_or_else(|e| fail(&e));
         println!("trainer: saved step {} to {path}", st.step);

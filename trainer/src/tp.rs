@@ -177,13 +177,69 @@ pub fn init_state(cfg: &TrainConfig, r: usize, t: usize) -> TrainState {
     }
 }
 
-/// The whole model from every rank's part (collective over `tp`).
-pub fn gather_full(cfg: &ModelConfig, st: &TrainState, tp: &CoreCommunicator) -> oxccl::Result<Vec<Vec<f32>>> {
+/// Rank `r`'s part of a whole state (a checkpoint of any run: single,
+/// DDP, or tensor-parallel at any `T`).
+pub fn shard_state(cfg: &ModelConfig, full: &TrainState, r: usize, t: usize) -> TrainState {
+    let layout = cfg.layout();
+    let part = |units: &[Vec<f32>], u: usize| match units[u].is_empty() {
+        true => Vec::new(), // moments before the first step
+        false => shard_unit(&layout[u], &units[u], r, t),
+    };
+    let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = full
+        .moments
+        .iter()
+        .map(|x| (x.m.clone(), x.v.clone()))
+        .unzip();
+    TrainState {
+        step: full.step,
+        params: (0..layout.len()).map(|u| part(&full.params, u)).collect(),
+        moments: (0..layout.len())
+            .map(|u| Moments {
+                m: part(&m, u),
+                v: part(&v, u),
+            })
+            .collect(),
+    }
+}
+
+/// The whole state from every rank's part (collective over `tp`).
+pub fn gather_state(
+    cfg: &ModelConfig,
+    st: &TrainState,
+    tp: &CoreCommunicator,
+) -> oxccl::Result<TrainState> {
+    let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = st
+        .moments
+        .iter()
+        .map(|x| (x.m.clone(), x.v.clone()))
+        .unzip();
+    let m = gather_units(cfg, &m, tp)?;
+    let v = gather_units(cfg, &v, tp)?;
+    Ok(TrainState {
+        step: st.step,
+        params: gather_units(cfg, &st.params, tp)?,
+        moments: m
+            .into_iter()
+            .zip(v)
+            .map(|(m, v)| Moments { m, v })
+            .collect(),
+    })
+}
+
+/// Whole units from every rank's parts `mine` (empty stays empty).
+fn gather_units(
+    cfg: &ModelConfig,
+    mine: &[Vec<f32>],
+    tp: &CoreCommunicator,
+) -> oxccl::Result<Vec<Vec<f32>>> {
     let t = tp.nranks();
     cfg.layout()
         .iter()
-        .zip(&st.params)
+        .zip(mine)
         .map(|(spec, mine)| {
+            if mine.is_empty() {
+                return Ok(Vec::new());
+            }
             let mut all = vec![0.0f32; mine.len() * t];
             tp.all_gather(mine.as_slice(), all.as_mut_slice())?;
             let parts: Vec<&[f32]> = all.chunks(mine.len()).collect();
@@ -294,7 +350,12 @@ pub fn step(
     });
     let shards = Divided(group.clone());
     let dev = Device::Cpu;
-    let layout: Vec<UnitSpec> = cfg.model.layout().iter().map(|u| local_spec(u, t)).collect();
+    let layout: Vec<UnitSpec> = cfg
+        .model
+        .layout()
+        .iter()
+        .map(|u| local_spec(u, t))
+        .collect();
     let mut grads: Vec<Vec<f32>> = st.params.iter().map(|p| vec![0.0; p.len()]).collect();
     let mut local_loss = 0.0f32;
     let mut tokens = 0;

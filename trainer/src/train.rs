@@ -96,7 +96,13 @@ impl From<oxccl::Error> for TrainError {
 }
 
 /// Local rows of rank `rank` of `n` in micro-step `micro` of `accum`.
-pub(crate) fn rows(batch: usize, rank: usize, n: usize, micro: usize, accum: usize) -> std::ops::Range<usize> {
+pub(crate) fn rows(
+    batch: usize,
+    rank: usize,
+    n: usize,
+    micro: usize,
+    accum: usize,
+) -> std::ops::Range<usize> {
     let per_rank = batch / n;
     let per_micro = per_rank / accum;
     let start = rank * per_rank + micro * per_micro;

@@ -328,7 +328,12 @@ fn ddp_resume_from_checkpoint_is_bit_identical() {
 
 /// `T × D` ranks: tensor-parallel groups of `t`; every rank's whole model
 /// (gathered from its group) and losses.
-fn tensor_parallel(cfg: &TrainConfig, n: usize, t: usize, steps: u64) -> Vec<(TrainState, Vec<f32>)> {
+fn tensor_parallel(
+    cfg: &TrainConfig,
+    n: usize,
+    t: usize,
+    steps: u64,
+) -> Vec<(TrainState, Vec<f32>)> {
     with_comms(n, |comm, _| {
         let g = trainer::tp::Groups::split(&comm, t).unwrap();
         let c = corpus();
@@ -340,13 +345,8 @@ fn tensor_parallel(cfg: &TrainConfig, n: usize, t: usize, steps: u64) -> Vec<(Tr
                     .loss
             })
             .collect();
-        let params = trainer::tp::gather_full(&cfg.model, &st, &g.tp).unwrap();
         (
-            TrainState {
-                step: st.step,
-                params,
-                moments: Vec::new(),
-            },
+            trainer::tp::gather_state(&cfg.model, &st, &g.tp).unwrap(),
             losses,
         )
     })
@@ -391,7 +391,9 @@ fn tensor_parallel_refuses_what_does_not_divide() {
     let c = cfg(1);
     let errs = with_comms(3, |comm, _| {
         // 3 ranks do not form groups of 2; 4 heads do not divide by 3.
-        let groups = trainer::tp::Groups::split(&comm, 2).err().map(|e| e.to_string());
+        let groups = trainer::tp::Groups::split(&comm, 2)
+            .err()
+            .map(|e| e.to_string());
         let g = trainer::tp::Groups::split(&comm, 3).unwrap();
         let mut st = trainer::tp::init_state(&c, g.tp.rank(), 3);
         let heads = trainer::tp::step(&c, &corpus(), &mut st, &g.tp, Some(&g.dp))
@@ -400,7 +402,45 @@ fn tensor_parallel_refuses_what_does_not_divide() {
         (groups, heads)
     });
     for (groups, heads) in errs {
-        assert!(groups.unwrap().contains("do not divide into tensor-parallel groups of 2"));
+        assert!(groups
+            .unwrap()
+            .contains("do not divide into tensor-parallel groups of 2"));
         assert!(heads.unwrap().contains("needs a multiple of 3 heads"));
+    }
+}
+
+#[test]
+fn tensor_parallel_resumes_a_whole_checkpoint_and_hands_it_back() {
+    let c = cfg(1);
+    let data = corpus();
+    let (straight, _) = single(&c, 10);
+    let mut st = TrainState::new(&c);
+    for _ in 0..5 {
+        step(&c, &data, &mut st, None).unwrap();
+    }
+    // Single-process state, 5 steps -> TP 2 for 3 steps -> TP 4 for 2
+    // (each through the whole state, as a checkpoint holds it).
+    let after_tp2 = with_comms(2, |comm, r| {
+        let tp = std::sync::Arc::new(comm);
+        let mut mine = trainer::tp::shard_state(&c.model, &st, r, 2);
+        // Parts and whole convert both ways bit for bit.
+        assert_eq!(trainer::tp::gather_state(&c.model, &mine, &tp).unwrap(), st);
+        for _ in 0..3 {
+            trainer::tp::step(&c, &data, &mut mine, &tp, None).unwrap();
+        }
+        trainer::tp::gather_state(&c.model, &mine, &tp).unwrap()
+    });
+    let after_tp4 = with_comms(4, |comm, r| {
+        let tp = std::sync::Arc::new(comm);
+        let mut mine = trainer::tp::shard_state(&c.model, &after_tp2[0], r, 4);
+        for _ in 0..2 {
+            trainer::tp::step(&c, &data, &mut mine, &tp, None).unwrap();
+        }
+        trainer::tp::gather_state(&c.model, &mine, &tp).unwrap()
+    });
+    for got in &after_tp4 {
+        assert_eq!(got.step, 10);
+        let rel = max_rel(got, &straight);
+        assert!(rel <= 1e-5, "single 5 -> TP 2 -> TP 4: {rel:e}");
     }
 }
