@@ -8,6 +8,8 @@ pub mod data;
 pub mod model;
 pub mod optim;
 pub mod plot;
+pub mod pp;
+pub mod schedule;
 pub mod tp;
 pub mod train;
 pub mod zero;

@@ -248,11 +248,50 @@ pub fn loss_sharded(
     dev: &Device,
     s: &dyn Shards,
 ) -> Result<Tensor> {
-    let mut x = embed(cfg, &units[0], ids, rows, dev)?;
-    for u in &units[1..units.len() - 1] {
-        x = block_sharded(cfg, u, &x, s)?;
+    let batch = Batch {
+        ids,
+        targets,
+        rows,
+        dev,
+    };
+    forward_units(cfg, 0, units, None, &batch, s)
+}
+
+/// The rows a forward pass runs on.
+pub struct Batch<'a> {
+    pub ids: &'a [u32],
+    pub targets: &'a [u32],
+    pub rows: usize,
+    pub dev: &'a Device,
+}
+
+/// Units `first..first + units.len()` of the model (a pipeline stage's):
+/// from `input` (the previous unit's activations; `None` when the
+/// embeddings are among them), to the activations of the last one, or to
+/// the mean loss when the head is.
+pub fn forward_units(
+    cfg: &ModelConfig,
+    first: usize,
+    units: &[Vec<Var>],
+    input: Option<&Tensor>,
+    b: &Batch<'_>,
+    s: &dyn Shards,
+) -> Result<Tensor> {
+    let head = cfg.layers + 1;
+    let mut x = input.cloned();
+    for (k, p) in units.iter().enumerate() {
+        let u = first + k;
+        let prev = || {
+            x.clone()
+                .ok_or_else(|| candle_core::Error::Msg(format!("unit {u} run without its input")))
+        };
+        x = Some(match u {
+            0 => embed(cfg, p, b.ids, b.rows, b.dev)?,
+            _ if u == head => return head_loss(cfg, p, &prev()?, b.targets),
+            _ => block_sharded(cfg, p, &prev()?, s)?,
+        });
     }
-    head_loss(cfg, &units[units.len() - 1], &x, targets)
+    x.ok_or_else(|| candle_core::Error::Msg("a stage of no units".into()))
 }
 
 /// A scalar tensor's value.

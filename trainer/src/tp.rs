@@ -22,8 +22,8 @@
 use crate::data::Corpus;
 use crate::model::{self, ModelConfig, Shards, UnitSpec};
 use crate::optim::Moments;
-use crate::train::{self, StepStats, TrainConfig, TrainError, TrainState};
-use candle_core::{CpuStorage, CustomOp1, Device, Layout, Shape, Tensor};
+use crate::train::{StepStats, TrainConfig, TrainError, TrainState};
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use oxccl::{Communicator, CoreCommunicator, ReduceOp};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -208,16 +208,25 @@ pub fn gather_state(
     st: &TrainState,
     tp: &CoreCommunicator,
 ) -> oxccl::Result<TrainState> {
+    gather_units_of(&cfg.layout(), st, tp)
+}
+
+/// [`gather_state`] of a state holding the units `specs` (a stage's).
+pub(crate) fn gather_units_of(
+    specs: &[UnitSpec],
+    st: &TrainState,
+    tp: &CoreCommunicator,
+) -> oxccl::Result<TrainState> {
     let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = st
         .moments
         .iter()
         .map(|x| (x.m.clone(), x.v.clone()))
         .unzip();
-    let m = gather_units(cfg, &m, tp)?;
-    let v = gather_units(cfg, &v, tp)?;
+    let m = gather_units(specs, &m, tp)?;
+    let v = gather_units(specs, &v, tp)?;
     Ok(TrainState {
         step: st.step,
-        params: gather_units(cfg, &st.params, tp)?,
+        params: gather_units(specs, &st.params, tp)?,
         moments: m
             .into_iter()
             .zip(v)
@@ -228,12 +237,12 @@ pub fn gather_state(
 
 /// Whole units from every rank's parts `mine` (empty stays empty).
 fn gather_units(
-    cfg: &ModelConfig,
+    specs: &[UnitSpec],
     mine: &[Vec<f32>],
     tp: &CoreCommunicator,
 ) -> oxccl::Result<Vec<Vec<f32>>> {
     let t = tp.nranks();
-    cfg.layout()
+    specs
         .iter()
         .zip(mine)
         .map(|(spec, mine)| {
@@ -315,7 +324,22 @@ impl CustomOp1 for Leave {
     }
 }
 
-struct Divided(Arc<Group>);
+/// The tensor-parallel group as the model sees it ([`Shards`]).
+pub(crate) struct Divided(Arc<Group>);
+
+impl Divided {
+    pub(crate) fn new(comm: Arc<Communicator>) -> Divided {
+        Divided(Arc::new(Group {
+            comm,
+            nanos: Arc::new(AtomicU64::new(0)),
+        }))
+    }
+
+    /// Seconds spent in the group's all_reduces so far.
+    pub(crate) fn seconds(&self) -> f64 {
+        self.0.nanos.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+}
 
 impl Shards for Divided {
     fn ranks(&self) -> usize {
@@ -331,7 +355,8 @@ impl Shards for Divided {
 
 /// One optimizer step on this rank's part (`st`, from [`init_state`]):
 /// the group `tp` runs each block together on the same rows; `dp` (if
-/// more than one rank) averages gradients across groups like DDP.
+/// more than one rank) averages gradients across groups like DDP. (The
+/// pipeline's step with one stage, `accum` micro-batches.)
 pub fn step(
     cfg: &TrainConfig,
     corpus: &Corpus,
@@ -339,61 +364,14 @@ pub fn step(
     tp: &Arc<Communicator>,
     dp: Option<&CoreCommunicator>,
 ) -> Result<StepStats, TrainError> {
-    let t0 = Instant::now();
-    let t = tp.nranks();
-    validate(&cfg.model, t)?;
-    let (dr, dn) = dp.map_or((0, 1), |c| (c.rank(), c.nranks()));
-    train::validate(cfg, dn)?;
-    let group = Arc::new(Group {
-        comm: tp.clone(),
-        nanos: Arc::new(AtomicU64::new(0)),
-    });
-    let shards = Divided(group.clone());
-    let dev = Device::Cpu;
-    let layout: Vec<UnitSpec> = cfg
-        .model
-        .layout()
-        .iter()
-        .map(|u| local_spec(u, t))
-        .collect();
-    let mut grads: Vec<Vec<f32>> = st.params.iter().map(|p| vec![0.0; p.len()]).collect();
-    let mut local_loss = 0.0f32;
-    let mut tokens = 0;
-    for micro in 0..cfg.accum {
-        let r = train::rows(cfg.batch, dr, dn, micro, cfg.accum);
-        let (x, y) = corpus.batch(cfg.seed, st.step, r.clone(), cfg.model.seq);
-        let vars: Vec<Vec<candle_core::Var>> = layout
-            .iter()
-            .zip(&st.params)
-            .map(|(spec, flat)| model::unit_vars(spec, flat, &dev))
-            .collect::<Result<_, _>>()?;
-        let loss = model::loss_sharded(&cfg.model, &vars, &x, &y, r.len(), &dev, &shards)?;
-        local_loss += model::scalar(&loss)? / cfg.accum as f32;
-        // The group shares its rows: tokens of this rank's part of them.
-        tokens += x.len() / t;
-        let g = loss.backward()?;
-        train::accumulate(&vars, &g, &mut grads, cfg.accum)?;
-    }
-    let tc = Instant::now();
-    let mut loss = local_loss;
-    if let Some(c) = dp.filter(|c| c.nranks() > 1) {
-        train::all_reduce_buckets(c, &mut grads, cfg.bucket_bytes)?;
-        let mut l = [local_loss];
-        c.all_reduce_in_place(&mut l, ReduceOp::Avg)?;
-        loss = l[0];
-    }
-    let comm_seconds =
-        tc.elapsed().as_secs_f64() + group.nanos.load(Ordering::Relaxed) as f64 * 1e-9;
-    st.step += 1;
-    for ((p, g), m) in st.params.iter_mut().zip(&grads).zip(st.moments.iter_mut()) {
-        cfg.opt.step(st.step, p, g, m);
-    }
-    Ok(StepStats {
-        loss,
-        tokens,
-        seconds: t0.elapsed().as_secs_f64(),
-        comm_seconds,
-    })
+    let par = crate::pp::Parallel {
+        tp: Some(tp),
+        pp: None,
+        dp,
+        micro_batches: cfg.accum,
+        schedule: crate::schedule::Schedule::OneFOneB,
+    };
+    crate::pp::step(cfg, corpus, st, &par).map(|(s, _)| s)
 }
 
 #[cfg(test)]

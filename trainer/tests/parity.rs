@@ -444,3 +444,82 @@ fn tensor_parallel_resumes_a_whole_checkpoint_and_hands_it_back() {
         assert!(rel <= 1e-5, "single 5 -> TP 2 -> TP 4: {rel:e}");
     }
 }
+
+/// `t × p × (n / t p)` ranks through the pipeline's step: every rank's
+/// whole model (gathered) and losses.
+fn layout_run(
+    cfg: &TrainConfig,
+    n: usize,
+    (t, p, m): (usize, usize, usize),
+    schedule: trainer::schedule::Schedule,
+    steps: u64,
+) -> Vec<(TrainState, Vec<f32>)> {
+    use trainer::pp;
+    with_comms(n, |comm, _| {
+        let l = pp::Layout::split(&comm, t, p).unwrap();
+        let c = corpus();
+        let mut st = pp::init_state(cfg, l.part(), t, l.stage(), p);
+        let losses = (0..steps)
+            .map(|_| {
+                pp::step(cfg, &c, &mut st, &pp::Parallel::of(&l, m, schedule))
+                    .unwrap()
+                    .0
+                    .loss
+            })
+            .collect();
+        (pp::gather_state(&cfg.model, &st, &l).unwrap(), losses)
+    })
+}
+
+fn assert_matches(what: &str, got: &[(TrainState, Vec<f32>)], want: &(TrainState, Vec<f32>)) {
+    for (r, (st, losses)) in got.iter().enumerate() {
+        let rel = max_rel(st, &want.0);
+        assert!(
+            rel <= 1e-5,
+            "{what}, rank {r}: parameters differ by {rel:e}"
+        );
+        assert_eq!(
+            st.params, got[0].0.params,
+            "{what}: rank {r} diverged from rank 0"
+        );
+        for (a, b) in losses.iter().zip(&want.1) {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                "{what}: loss {a} vs {b}"
+            );
+        }
+    }
+    eprintln!(
+        "{what} vs single after 10 steps: relative (per unit, L2) {:e}, largest elementwise {:e}",
+        max_rel(&got[0].0, &want.0),
+        max_abs(&got[0].0, &want.0)
+    );
+}
+
+#[test]
+fn pipeline_parallel_matches_single_process() {
+    use trainer::schedule::Schedule;
+    let c = cfg(1);
+    let want = single(&c, 10);
+    for schedule in [Schedule::GPipe, Schedule::OneFOneB] {
+        for m in [1, 2, 4] {
+            let got = layout_run(&c, 2, (1, 2, m), schedule, 10);
+            assert_matches(&format!("PP 2 {schedule:?} M={m}"), &got, &want);
+        }
+    }
+    // Four stages of one block each.
+    let mut deep = cfg(1);
+    deep.model.layers = 4;
+    let want = single(&deep, 10);
+    let got = layout_run(&deep, 4, (1, 4, 4), Schedule::OneFOneB, 10);
+    assert_matches("PP 4 OneFOneB M=4", &got, &want);
+}
+
+#[test]
+fn three_d_parallel_2x2x2_matches_single_process() {
+    use trainer::schedule::Schedule;
+    let c = cfg(1);
+    let want = single(&c, 10);
+    let got = layout_run(&c, 8, (2, 2, 2), Schedule::OneFOneB, 10);
+    assert_matches("TP 2 x PP 2 x DP 2 (1F1B, M=2)", &got, &want);
+}
