@@ -5,6 +5,7 @@
 //! oxrun -n 4 trainer --mode ddp --steps 300 --batch 32
 //! oxrun -n 4 trainer --mode zero3 --steps 300 --batch 32
 //! oxrun -n 4 trainer --mode ddp --tp 2 --steps 300 --batch 32
+//! oxrun -n 8 trainer --mode ddp --tp 2 --pp 2 --micro-batches 4 --schedule 1f1b --layers 4
 //! trainer --estimate --params 7e9 --ranks 8
 //! ```
 
@@ -15,7 +16,7 @@ use trainer::model::ModelConfig;
 use trainer::optim::AdamW;
 use trainer::train::{step, TrainConfig, TrainState};
 
-const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
+const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--pp P] [--micro-batches M] [--schedule gpipe|1f1b] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N]
        trainer --estimate [--params P] [--ranks N]
@@ -23,8 +24,12 @@ const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--steps 
 
 struct Cli {
     mode: String,
-    /// Tensor-parallel group size (DDP across groups).
+    /// Tensor-parallel group size and pipeline stages (DDP across
+    /// replicas), micro-batches per step and their schedule.
     tp: usize,
+    pp: usize,
+    micro: Option<usize>,
+    schedule: trainer::schedule::Schedule,
     steps: u64,
     cfg: TrainConfig,
     data: Option<String>,
@@ -41,6 +46,9 @@ fn parse() -> Result<Cli, String> {
     let mut c = Cli {
         mode: "single".into(),
         tp: 1,
+        pp: 1,
+        micro: None,
+        schedule: trainer::schedule::Schedule::OneFOneB,
         steps: 300,
         cfg: TrainConfig {
             model: ModelConfig {
@@ -78,6 +86,9 @@ fn parse() -> Result<Cli, String> {
         match a.as_str() {
             "--mode" => c.mode = val()?,
             "--tp" => c.tp = (num(val()?)? as usize).max(1),
+            "--pp" => c.pp = (num(val()?)? as usize).max(1),
+            "--micro-batches" => c.micro = Some((num(val()?)? as usize).max(1)),
+            "--schedule" => c.schedule = val()?.parse()?,
             "--steps" => c.steps = num(val()?)? as u64,
             "--batch" => c.cfg.batch = num(val()?)? as usize,
             "--seq" => c.cfg.model.seq = num(val()?)? as usize,
@@ -103,11 +114,17 @@ fn parse() -> Result<Cli, String> {
     if !["single", "ddp", "zero3"].contains(&c.mode.as_str()) {
         return Err(format!("--mode {:?}: use single, ddp or zero3", c.mode));
     }
-    if c.tp > 1 && c.mode != "ddp" {
+    if (c.tp > 1 || c.pp > 1) && c.mode != "ddp" {
         return Err(format!(
-            "--tp {} runs with --mode ddp (data parallelism across tensor-parallel groups), not {}",
-            c.tp, c.mode
+            "--tp {} --pp {} run with --mode ddp (data parallelism across replicas), not {}",
+            c.tp, c.pp, c.mode
         ));
+    }
+    if c.micro.is_some() && c.pp == 1 {
+        return Err(
+            "--micro-batches divides a pipeline's step: give --pp too (or --accum without one)"
+                .into(),
+        );
     }
     Ok(c)
 }
@@ -167,6 +184,113 @@ fn plot_command(args: &[String]) -> ! {
     std::process::exit(0)
 }
 
+/// Live heap bytes, counted (the measurement behind the pipeline's
+/// activation memory: what a step holds at its peak above what it started
+/// with). A binary may install a global allocator; the library does not.
+mod alloc {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+    struct Counting;
+
+    fn grew(n: usize) {
+        let now = LIVE.fetch_add(n, Ordering::Relaxed) + n;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+
+    // SAFETY: every call is forwarded to the system allocator unchanged;
+    // the counters only observe sizes.
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            // SAFETY: the caller's contract, forwarded.
+            let p = unsafe { System.alloc(l) };
+            if !p.is_null() {
+                grew(l.size());
+            }
+            p
+        }
+        unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+            // SAFETY: as `alloc`.
+            let p = unsafe { System.alloc_zeroed(l) };
+            if !p.is_null() {
+                grew(l.size());
+            }
+            p
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            // SAFETY: as `alloc`.
+            unsafe { System.dealloc(p, l) };
+            LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+        }
+        unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+            // SAFETY: as `alloc`.
+            let q = unsafe { System.realloc(p, l, new) };
+            if !q.is_null() {
+                LIVE.fetch_sub(l.size(), Ordering::Relaxed);
+                grew(new);
+            }
+            q
+        }
+    }
+
+    #[global_allocator]
+    static COUNTING: Counting = Counting;
+
+    /// Live bytes now; the peak is measured from here.
+    pub fn live() -> usize {
+        let now = LIVE.load(Ordering::Relaxed);
+        PEAK.store(now, Ordering::Relaxed);
+        now
+    }
+
+    /// The most bytes live above `base` since [`live`] returned it.
+    pub fn peak_since(base: usize) -> usize {
+        PEAK.load(Ordering::Relaxed).saturating_sub(base)
+    }
+}
+
+/// The pipeline's figures over a run (from the second step: the first
+/// pays one-time setup).
+#[derive(Default)]
+struct PipeReport {
+    steps: usize,
+    busy: f64,
+    seconds: f64,
+    in_flight: usize,
+    step_bytes: usize,
+}
+
+impl PipeReport {
+    fn add(&mut self, s: &trainer::train::StepStats, p: &trainer::pp::PipeStats, bytes: usize) {
+        self.steps += 1;
+        if self.steps > 1 {
+            self.busy += p.busy_seconds;
+            self.seconds += s.seconds;
+        }
+        self.in_flight = self.in_flight.max(p.peak_in_flight);
+        self.step_bytes = self.step_bytes.max(bytes);
+    }
+
+    fn print(&self, l: &trainer::pp::Layout, m: usize, schedule: trainer::schedule::Schedule) {
+        let idle = 1.0 - self.busy / self.seconds.max(1e-12);
+        println!(
+            "pipeline stage {} of {} (part {} of {}, replica {}): {schedule:?}, {m} micro-batches: idle {:.1} % of the step (theory's bubble {:.1} %), at most {} micro-batches held, step peak {} B above its start",
+            l.stage(),
+            l.p,
+            l.part(),
+            l.t,
+            l.dp.rank(),
+            100.0 * idle,
+            100.0 * trainer::schedule::ideal_bubble(l.p, m),
+            self.in_flight,
+            self.step_bytes
+        );
+    }
+}
+
 fn main() {
     oxccl::init_logging();
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -202,20 +326,33 @@ fn main() {
         None
     };
     let (rank, n) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.nranks()));
-    // Tensor-parallel groups of `--tp` ranks; DDP across them.
-    let groups = comm
+    // Tensor-parallel groups of `--tp` ranks, `--pp` pipeline stages;
+    // DDP across the replicas.
+    let layout = comm
         .as_ref()
-        .filter(|_| cli.tp > 1)
-        .map(|c| trainer::tp::Groups::split(c, cli.tp));
-    let groups = match groups.transpose() {
-        Ok(g) => g,
+        .filter(|_| cli.tp > 1 || cli.pp > 1)
+        .map(|c| trainer::pp::Layout::split(c, cli.tp, cli.pp));
+    let layout = match layout.transpose() {
+        Ok(l) => l,
         Err(e) => {
             eprintln!("trainer: {e}");
             std::process::exit(2);
         }
     };
-    let checked = trainer::train::validate(&cfg, n / cli.tp)
-        .and_then(|_| trainer::tp::validate(&cfg.model, cli.tp));
+    // A pipeline's micro-batches are its accumulation steps.
+    let micro = match cli.pp {
+        1 => cfg.accum,
+        p => cli.micro.unwrap_or(2 * p),
+    };
+    if cli.pp > 1 && cfg.accum > 1 {
+        eprintln!("trainer: a pipeline accumulates over its micro-batches: give --micro-batches, not --accum");
+        std::process::exit(2);
+    }
+    let mut checked = trainer::tp::validate(&cfg.model, cli.tp)
+        .and_then(|_| trainer::pp::validate(&cfg.model, cli.pp));
+    if layout.is_none() {
+        checked = checked.and_then(|_| trainer::train::validate(&cfg, n));
+    }
     if let Err(e) = checked {
         eprintln!("trainer: {e}");
         std::process::exit(2);
@@ -240,15 +377,15 @@ fn main() {
             }
             None => trainer::zero::ShardState::new(&cfg, rank, n),
         });
-    } else if let Some(g) = &groups {
+    } else if let Some(l) = &layout {
         // This rank's part; a checkpoint holds the whole state (of any layout).
-        let (r, t) = (g.tp.rank(), cli.tp);
+        let (r, s) = (l.part(), l.stage());
         full = Some(match &cli.resume {
             Some(path) => {
                 let whole = trainer::checkpoint::load(path, &lens).unwrap_or_else(|e| fail(&e));
-                trainer::tp::shard_state(&cfg.model, &whole, r, t)
+                trainer::pp::shard_state(&cfg.model, &whole, r, l.t, s, l.p)
             }
-            None => trainer::tp::init_state(&cfg, r, t),
+            None => trainer::pp::init_state(&cfg, r, l.t, s, l.p),
         });
     } else {
         full = Some(match &cli.resume {
@@ -272,9 +409,18 @@ fn main() {
         println!(
             "trainer: mode {}{} on {n} rank(s), {} parameters, batch {} x {} tokens, accum {}, from step {}",
             cli.mode,
-            match cli.tp {
-                1 => String::new(),
-                t => format!(" (tensor parallel {t} x data parallel {})", n / t),
+            match &layout {
+                None => String::new(),
+                Some(l) => format!(
+                    " (tensor parallel {} x pipeline {} x data parallel {}{})",
+                    l.t,
+                    l.p,
+                    l.d,
+                    match l.p {
+                        1 => String::new(),
+                        _ => format!(", {micro} micro-batches, {:?}", cli.schedule),
+                    }
+                ),
             },
             cfg.model.parameters(),
             cfg.batch,
@@ -284,6 +430,7 @@ fn main() {
         );
     }
     let (mut tokens, mut secs, mut comm_secs) = (0usize, 0.0, 0.0);
+    let mut pipe = PipeReport::default();
     let mut memory = trainer::zero::Memory::default();
     // A live bar on a terminal (rank 0); plain log lines always.
     let bar = if rank == 0 && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -296,11 +443,17 @@ fn main() {
     };
     while current_step(&full, &shard) < cli.steps {
         let s = match (&mut full, &mut shard) {
-            (Some(st), _) => match &groups {
-                Some(g) => trainer::tp::step(&cfg, &corpus, st, &g.tp, Some(&g.dp)),
-                None => step(&cfg, &corpus, st, comm.as_ref()),
-            }
-            .unwrap_or_else(|e| fail(&e)),
+            (Some(st), _) => match &layout {
+                Some(l) => {
+                    let par = trainer::pp::Parallel::of(l, micro, cli.schedule);
+                    let before = alloc::live();
+                    let (s, ps) =
+                        trainer::pp::step(&cfg, &corpus, st, &par).unwrap_or_else(|e| fail(&e));
+                    pipe.add(&s, &ps, alloc::peak_since(before));
+                    s
+                }
+                None => step(&cfg, &corpus, st, comm.as_ref()).unwrap_or_else(|e| fail(&e)),
+            },
             (None, Some(sh)) => {
                 let (s, m) = trainer::zero::step(&cfg, &corpus, sh, comm.as_ref().unwrap())
                     .unwrap_or_else(|e| fail(&e));
@@ -377,10 +530,14 @@ fn main() {
             );
         }
     }
-    // Tensor parallel: the whole state gathered, saved like any other.
-    let full = match (&cli.save, full, &groups) {
-        (Some(_), Some(st), Some(g)) => {
-            Some(trainer::tp::gather_state(&cfg.model, &st, &g.tp).unwrap_or_else(|e| fail(&e)))
+    if let Some(l) = layout.as_ref().filter(|l| l.p > 1) {
+        pipe.print(l, micro, cli.schedule);
+    }
+    // Tensor and pipeline parallel: the whole state gathered, saved like
+    // any other.
+    let full = match (&cli.save, full, &layout) {
+        (Some(_), Some(st), Some(l)) => {
+            Some(trainer::pp::gather_state(&cfg.model, &st, l).unwrap_or_else(|e| fail(&e)))
         }
         (_, full, _) => full,
     };

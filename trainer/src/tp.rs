@@ -17,7 +17,8 @@
 //!
 //! With data parallelism (`T × D` ranks): the `D` groups take different
 //! rows of each batch and average their gradients as DDP does, over the
-//! communicator of the ranks holding the same part (see [`Groups`]).
+//! communicator of the ranks holding the same part (see
+//! [`crate::pp::Layout`], which also adds pipeline stages).
 
 use crate::data::Corpus;
 use crate::model::{self, ModelConfig, Shards, UnitSpec};
@@ -133,34 +134,6 @@ pub fn validate(cfg: &ModelConfig, t: usize) -> Result<(), TrainError> {
         )));
     }
     Ok(())
-}
-
-/// The communicators of a `T × D` layout: rank `w` of the job is rank
-/// `w % T` of tensor-parallel group `w / T` (neighbours share a block: the
-/// group with the most traffic on the closest ranks) and rank `w / T` of
-/// the data-parallel group of the ranks holding part `w % T`.
-pub struct Groups {
-    pub tp: Arc<Communicator>,
-    pub dp: Communicator,
-}
-
-impl Groups {
-    /// Split `world` into groups of `t` (collective over `world`).
-    pub fn split(world: &Communicator, t: usize) -> Result<Groups, TrainError> {
-        let n = world.nranks();
-        if t == 0 || !n.is_multiple_of(t) {
-            return Err(TrainError::Config(format!(
-                "{n} ranks do not divide into tensor-parallel groups of {t}"
-            )));
-        }
-        let w = world.rank();
-        let tp = world.split((w / t) as u32, w as i64)?;
-        let dp = world.split((w % t) as u32, w as i64)?;
-        Ok(Groups {
-            tp: Arc::new(tp),
-            dp,
-        })
-    }
 }
 
 /// This rank's part of the initial weights (one unit whole at a time).

@@ -335,18 +335,19 @@ fn tensor_parallel(
     steps: u64,
 ) -> Vec<(TrainState, Vec<f32>)> {
     with_comms(n, |comm, _| {
-        let g = trainer::tp::Groups::split(&comm, t).unwrap();
+        let g = trainer::pp::Layout::split(&comm, t, 1).unwrap();
+        let tp = g.tp.as_ref().unwrap();
         let c = corpus();
-        let mut st = trainer::tp::init_state(cfg, g.tp.rank(), t);
+        let mut st = trainer::tp::init_state(cfg, tp.rank(), t);
         let losses = (0..steps)
             .map(|_| {
-                trainer::tp::step(cfg, &c, &mut st, &g.tp, Some(&g.dp))
+                trainer::tp::step(cfg, &c, &mut st, tp, Some(&g.dp))
                     .unwrap()
                     .loss
             })
             .collect();
         (
-            trainer::tp::gather_state(&cfg.model, &st, &g.tp).unwrap(),
+            trainer::tp::gather_state(&cfg.model, &st, tp).unwrap(),
             losses,
         )
     })
