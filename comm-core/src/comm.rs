@@ -29,6 +29,7 @@ use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
 use crate::work::{Work, Worker};
 use algorithms::{CollSpec, Tuning};
+use std::mem::ManuallyDrop;
 use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -38,7 +39,8 @@ use std::time::{Duration, Instant};
 /// A group of `nranks` processes (or threads) that communicate.
 /// `Send + Sync`: calls may come from any thread; they run in issue order.
 pub struct Communicator {
-    pub(crate) inner: Arc<Inner>,
+    /// Dropped in `Drop`, under the lane's gate.
+    pub(crate) inner: ManuallyDrop<Arc<Inner>>,
     /// The deadline of this handle's calls, when it overrides the
     /// configured timeout ([`Communicator::with_timeout`]).
     timeout: Option<Duration>,
@@ -510,7 +512,7 @@ impl Communicator {
             "oxccl communicator ready"
         );
         let comm = Communicator {
-            inner: Arc::new(Inner {
+            inner: ManuallyDrop::new(Arc::new(Inner {
                 rank,
                 nranks,
                 comm_id: id.comm_id(),
@@ -555,7 +557,7 @@ impl Communicator {
                 lane,
                 _endpoints: Mutex::new(endpoints.into_iter().chain(lane_endpoints).collect()),
                 hosted_root: id.hosted_root().cloned(),
-            }),
+            })),
             timeout: None,
         };
         comm.share_host_pages()?;
@@ -996,7 +998,7 @@ impl Communicator {
             return Work::done(call, Err(e));
         }
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
-        let inner = self.inner.clone();
+        let inner = Arc::clone(&self.inner);
         let timeout = self.timeout;
         self.inner
             .worker
@@ -1366,6 +1368,18 @@ impl Inner {
     /// Elements per pipelined chunk for `dtype`.
     pub(crate) fn chunk_elems(&self, dtype: DataType) -> usize {
         (self.config.chunk_bytes / dtype.size()).max(1)
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // If this is the last handle, the departure runs here and now, not
+        // on the lane's thread while this process may be exiting (see
+        // `Lane::gate`).
+        let gate = self.inner.lane.gate();
+        let _held = gate.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: dropped once, here, and never used again.
+        unsafe { ManuallyDrop::drop(&mut self.inner) };
     }
 }
 

@@ -164,6 +164,9 @@ fn split(len: usize, streams: usize) -> ([Part; MAX_PARTS], usize) {
 pub(crate) struct Lane {
     core: Arc<Mutex<Core>>,
     wake: Arc<OwnedFd>,
+    /// Held by the lane's thread while it holds the communicator (see
+    /// [`Lane::gate`]).
+    gate: Arc<Mutex<()>>,
     started: AtomicBool,
     spin: Duration,
     oversubscribed: bool,
@@ -201,10 +204,21 @@ impl Lane {
                 closed: false,
             })),
             wake,
+            gate: Arc::new(Mutex::new(())),
             started: AtomicBool::new(false),
             spin,
             oversubscribed,
         })
+    }
+
+    /// The lane's thread keeps only a weak handle on the communicator and
+    /// holds a strong one for a moment at a time, under this lock. Were the
+    /// user's last handle dropped in such a moment, the thread would run
+    /// the departure (the goodbye to the root) and the process could end
+    /// first, so peers would report this rank lost: the last handle drops
+    /// holding this lock ([`crate::Communicator`]'s `Drop`).
+    pub(crate) fn gate(&self) -> Arc<Mutex<()>> {
+        self.gate.clone()
     }
 
     /// Wake the lane's thread (an abort, an error, a new post).
@@ -302,6 +316,7 @@ impl Lane {
             inner: Arc::downgrade(inner),
             core: self.core.clone(),
             wake: self.wake.clone(),
+            gate: self.gate.clone(),
         };
         std::thread::Builder::new()
             .name("oxccl-p2p".into())
@@ -327,6 +342,7 @@ struct Thread {
     inner: Weak<Inner>,
     core: Arc<Mutex<Core>>,
     wake: Arc<OwnedFd>,
+    gate: Arc<Mutex<()>>,
 }
 
 impl Thread {
@@ -334,6 +350,8 @@ impl Thread {
         let mut fds = Vec::new();
         loop {
             crate::sys::drain(self.wake.as_raw_fd());
+            // Held from the upgrade to the drop (see `Lane::gate`).
+            let gate = self.gate.lock().unwrap_or_else(|e| e.into_inner());
             // Upgraded outside the lock and dropped after it: if this is the
             // last handle, dropping it drops the lane, which takes the lock.
             let inner = self.inner.upgrade();
@@ -355,6 +373,7 @@ impl Thread {
                 }
             };
             drop(inner);
+            drop(gate);
             if let Some(limit) = limit {
                 crate::sys::poll(&mut fds, limit);
             }
