@@ -89,7 +89,7 @@ pub fn load(path: &str, expect: &[usize]) -> std::io::Result<TrainState> {
 
 /// ZeRO-3: every rank writes its shard to `<path>.rank<r>`; rank 0 also
 /// writes the manifest `<path>` (rank count, step, unit lengths), so a
-/// resume can check it runs with the same layout.
+/// resume knows the layout (and may reshard it).
 pub fn save_shard(
     st: &crate::zero::ShardState,
     path: &str,
@@ -116,7 +116,9 @@ pub fn save_shard(
     Ok(())
 }
 
-/// Read this rank's shard written by [`save_shard`], checking the manifest.
+/// Read this rank's shard written by [`save_shard`], checking the manifest;
+/// saved by another number of ranks, the slices are cut anew (the
+/// padding of a unit's last slice is zeros in both layouts).
 pub fn load_shard(
     path: &str,
     rank: usize,
@@ -138,22 +140,78 @@ pub fn load_shard(
     let saved_ranks: usize = field("ranks=")
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| bad("no rank count".into()))?;
-    if saved_ranks != nranks {
-        return Err(bad(format!(
-            "saved by {saved_ranks} ranks, resuming with {nranks}"
-        )));
-    }
     let units = field("units=").unwrap_or_default();
     let saved: Vec<usize> = units.split(',').filter_map(|v| v.parse().ok()).collect();
     if saved != lens {
         return Err(bad("saved from a different model".into()));
     }
-    let shard_lens: Vec<usize> = lens.iter().map(|l| l.div_ceil(nranks)).collect();
-    let st = load(&format!("{path}.rank{rank}"), &shard_lens)?;
+    if saved_ranks == 0 {
+        return Err(bad("saved by 0 ranks".into()));
+    }
+    let saved_lens: Vec<usize> = lens.iter().map(|l| l.div_ceil(saved_ranks)).collect();
+    if saved_ranks == nranks {
+        let st = load(&format!("{path}.rank{rank}"), &saved_lens)?;
+        return Ok(crate::zero::ShardState {
+            step: st.step,
+            shards: st.params,
+            moments: st.moments,
+            lens: lens.to_vec(),
+        });
+    }
+    // Resharding: this rank's slice of each unit under `nranks` comes from
+    // the saved slices it overlaps, read one file at a time (no rank holds
+    // more than its new slice and one saved one).
+    let mine: Vec<usize> = lens.iter().map(|l| l.div_ceil(nranks)).collect();
+    let mut shards: Vec<Vec<f32>> = mine.iter().map(|s| vec![0.0; *s]).collect();
+    let mut m: Vec<Vec<f32>> = mine.iter().map(|s| vec![0.0; *s]).collect();
+    let mut v = m.clone();
+    let mut step = None;
+    let mut moments_saved = None;
+    for k in 0..saved_ranks {
+        // Saved rank k holds [k * saved, (k + 1) * saved) of each unit.
+        let overlaps = |u: usize| {
+            let (a, b) = (rank * mine[u], ((rank + 1) * mine[u]).min(lens[u]));
+            let (c, d) = (k * saved_lens[u], (k + 1) * saved_lens[u]);
+            (a.max(c), b.min(d))
+        };
+        if (0..lens.len()).all(|u| {
+            let (lo, hi) = overlaps(u);
+            lo >= hi
+        }) {
+            continue;
+        }
+        let st = load(&format!("{path}.rank{k}"), &saved_lens)?;
+        if *step.get_or_insert(st.step) != st.step {
+            return Err(bad(format!("shard {k} is of another step")));
+        }
+        let has = st.moments.iter().all(|x| !x.m.is_empty());
+        if *moments_saved.get_or_insert(has) != has {
+            return Err(bad(format!("shard {k} disagrees on optimizer state")));
+        }
+        for u in 0..lens.len() {
+            let (lo, hi) = overlaps(u);
+            for i in lo..hi {
+                let (to, from) = (i - rank * mine[u], i - k * saved_lens[u]);
+                shards[u][to] = st.params[u][from];
+                if has {
+                    m[u][to] = st.moments[u].m[from];
+                    v[u][to] = st.moments[u].v[from];
+                }
+            }
+        }
+    }
+    let moments = match moments_saved {
+        Some(true) => m
+            .into_iter()
+            .zip(v)
+            .map(|(m, v)| Moments { m, v })
+            .collect(),
+        _ => mine.iter().map(|_| Moments::default()).collect(),
+    };
     Ok(crate::zero::ShardState {
-        step: st.step,
-        shards: st.params,
-        moments: st.moments,
+        step: step.unwrap_or(0),
+        shards,
+        moments,
         lens: lens.to_vec(),
     })
 }
