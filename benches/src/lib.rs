@@ -49,6 +49,7 @@ pub fn main(coll: Coll) -> i32 {
                 output: Output::Rank0,
                 kill_after: Duration::from_secs(3),
                 env: Vec::new(),
+                max_restarts: 0,
             });
         }
     }

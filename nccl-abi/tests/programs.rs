@@ -73,6 +73,7 @@ fn launch(
         .into_iter()
         .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
         .collect(),
+        max_restarts: 0,
     })
 }
 

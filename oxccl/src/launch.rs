@@ -4,7 +4,11 @@
 //! `OXCCL_*`, and `OXCCL_UNIQUE_ID` of a root hosted by this process); output
 //! lines are passed through with a `[rank]` prefix; when a rank fails, the
 //! failure is reported (which rank, exit status or signal), the others are
-//! stopped (SIGTERM, then SIGKILL) and the launch returns non-zero.
+//! stopped (SIGTERM, then SIGKILL) and the launch returns non-zero — or,
+//! with restarts left (`max_restarts`, torchrun's elastic agent), every
+//! rank is started again with a fresh root, `OXRUN_RESTART_COUNT` (and
+//! torchrun's `TORCHELASTIC_RESTART_COUNT`) telling it which attempt it is,
+//! so a program that checkpoints resumes from its last checkpoint.
 
 use crate::{Config, UniqueId};
 use comm_core::control::notice::Notice;
@@ -37,6 +41,8 @@ pub struct Launch {
     pub kill_after: Duration,
     /// Extra environment for every rank.
     pub env: Vec<(String, String)>,
+    /// Times the whole job is started again after a rank failed.
+    pub max_restarts: usize,
 }
 
 /// Whether this process already runs as a rank under some launcher.
@@ -139,19 +145,40 @@ fn signal_all(children: &mut [Option<Child>], sig: i32) {
     }
 }
 
-/// Run the ranks to completion; returns the exit code for this process
-/// (0 when every rank succeeded).
+/// Run the ranks to completion, starting them all again after a failure
+/// while restarts are left; returns the exit code for this process (0 when
+/// every rank of the last attempt succeeded).
 pub fn run(l: &Launch) -> i32 {
     // SAFETY: installing an async-signal-safe handler that only stores an atomic.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
+    let mut restart = 0;
+    loop {
+        let (code, interrupted) = attempt(l, restart);
+        if code == 0 || interrupted || restart == l.max_restarts {
+            if code != 0 && l.max_restarts > 0 && !interrupted {
+                eprintln!("oxrun: no restarts left ({} used)", l.max_restarts);
+            }
+            return code;
+        }
+        restart += 1;
+        eprintln!(
+            "oxrun: restarting every rank (restart {restart} of {})",
+            l.max_restarts
+        );
+    }
+}
+
+/// One start of every rank (`restart` of them came before): its exit code,
+/// and whether a signal to this launcher stopped it.
+fn attempt(l: &Launch, restart: usize) -> (i32, bool) {
     let mut config = match Config::from_env() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("oxrun: {e}");
-            return 2;
+            return (2, false);
         }
     };
     // One host: keep the job on loopback unless told otherwise.
@@ -163,7 +190,7 @@ pub fn run(l: &Launch) -> i32 {
         Ok(x) => x,
         Err(e) => {
             eprintln!("oxrun: cannot start the rendezvous root: {e}");
-            return 2;
+            return (2, false);
         }
     };
     let n = l.nranks;
@@ -181,6 +208,8 @@ pub fn run(l: &Launch) -> i32 {
             .env("OXCCL_LOCAL_RANK", rank.to_string())
             .env("OXCCL_UNIQUE_ID", id.to_string())
             .env("OXRUN", "1")
+            .env("OXRUN_RESTART_COUNT", restart.to_string())
+            .env("TORCHELASTIC_RESTART_COUNT", restart.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -211,11 +240,12 @@ pub fn run(l: &Launch) -> i32 {
             Err(e) => {
                 eprintln!("oxrun: cannot start {:?} for rank {rank}: {e}", l.program);
                 signal_all(&mut children, libc::SIGKILL);
-                return 2;
+                return (2, false);
             }
         }
     }
     let mut exit_code = 0;
+    let mut interrupted = false;
     let mut stopping: Option<Instant> = None;
     let mut running = n;
     while running > 0 {
@@ -225,6 +255,7 @@ pub fn run(l: &Launch) -> i32 {
             signal_all(&mut children, libc::SIGTERM);
             stopping.get_or_insert_with(Instant::now);
             exit_code = 128 + sig;
+            interrupted = true;
         }
         // Reap everything that ended since the last look. When several ranks
         // failed at once, the ones killed by a signal are the likely cause
@@ -320,5 +351,5 @@ pub fn run(l: &Launch) -> i32 {
     for p in pumps {
         let _ = p.join();
     }
-    exit_code
+    (exit_code, interrupted)
 }

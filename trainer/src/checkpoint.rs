@@ -87,21 +87,25 @@ pub fn load(path: &str, expect: &[usize]) -> std::io::Result<TrainState> {
     })
 }
 
-/// ZeRO-3: every rank writes its shard to `<path>.rank<r>`; rank 0 also
-/// writes the manifest `<path>` (rank count, step, unit lengths), so a
-/// resume knows the layout (and may reshard it).
+/// ZeRO-3 (collective): every rank writes its shard to
+/// `<path>.step<S>.rank<r>`; once all have, rank 0 writes the manifest
+/// `<path>` (rank count, step, unit lengths), which names the step to
+/// read, and then each rank removes its shards of earlier steps. A job
+/// killed at any point leaves a manifest naming a complete set of shards.
 pub fn save_shard(
     st: &crate::zero::ShardState,
     path: &str,
-    rank: usize,
-    nranks: usize,
+    comm: &oxccl::CoreCommunicator,
 ) -> std::io::Result<()> {
+    let (rank, nranks) = (comm.rank(), comm.nranks());
     let shard = TrainState {
         step: st.step,
         params: st.shards.clone(),
         moments: st.moments.clone(),
     };
-    save(&shard, &format!("{path}.rank{rank}"))?;
+    let io = |e: oxccl::Error| std::io::Error::other(e.to_string());
+    save(&shard, &shard_file(path, st.step, rank))?;
+    comm.barrier().map_err(io)?;
     if rank == 0 {
         let lens: Vec<String> = st.lens.iter().map(|l| l.to_string()).collect();
         let manifest = format!(
@@ -113,7 +117,34 @@ pub fn save_shard(
         std::fs::write(&tmp, manifest)?;
         std::fs::rename(tmp, path)?;
     }
+    comm.barrier().map_err(io)?;
+    // Earlier steps' shards of this rank (the manifest no longer names them).
+    let p = std::path::Path::new(path);
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let base = p.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+    let mine = format!(".rank{rank}");
+    let current = format!("{base}.step{}.rank{rank}", st.step);
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let old = name
+            .strip_prefix(base)
+            .and_then(|r| r.strip_prefix(".step"))
+            .and_then(|r| r.strip_suffix(&mine))
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()));
+        if old && name != current {
+            std::fs::remove_file(e.path()).ok();
+        }
+    }
     Ok(())
+}
+
+/// Where rank `rank`'s shard of step `step` of checkpoint `path` lives.
+pub fn shard_file(path: &str, step: u64, rank: usize) -> String {
+    format!("{path}.step{step}.rank{rank}")
 }
 
 /// Read this rank's shard written by [`save_shard`], checking the manifest;
@@ -148,9 +179,16 @@ pub fn load_shard(
     if saved_ranks == 0 {
         return Err(bad("saved by 0 ranks".into()));
     }
+    let saved_step: u64 = field("step=")
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("no step".into()))?;
+    let file = |k: usize| shard_file(path, saved_step, k);
     let saved_lens: Vec<usize> = lens.iter().map(|l| l.div_ceil(saved_ranks)).collect();
     if saved_ranks == nranks {
-        let st = load(&format!("{path}.rank{rank}"), &saved_lens)?;
+        let st = load(&file(rank), &saved_lens)?;
+        if st.step != saved_step {
+            return Err(bad(format!("shard {rank} is of step {}", st.step)));
+        }
         return Ok(crate::zero::ShardState {
             step: st.step,
             shards: st.params,
@@ -180,8 +218,8 @@ pub fn load_shard(
         }) {
             continue;
         }
-        let st = load(&format!("{path}.rank{k}"), &saved_lens)?;
-        if *step.get_or_insert(st.step) != st.step {
+        let st = load(&file(k), &saved_lens)?;
+        if *step.get_or_insert(saved_step) != st.step {
             return Err(bad(format!("shard {k} is of another step")));
         }
         let has = st.moments.iter().all(|x| !x.m.is_empty());

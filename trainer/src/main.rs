@@ -18,7 +18,7 @@ use trainer::train::{step, TrainConfig, TrainState};
 
 const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--pp P] [--micro-batches M] [--schedule gpipe|1f1b] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
-               [--metrics FILE.csv] [--log-every N]
+               [--metrics FILE.csv] [--log-every N] [--checkpoint PATH [--checkpoint-every N]]
        trainer --estimate [--params P] [--ranks N]
        trainer --plot OUT.svg LABEL=METRICS.csv...";
 
@@ -35,6 +35,10 @@ struct Cli {
     data: Option<String>,
     save: Option<String>,
     resume: Option<String>,
+    /// Resumed from when it exists, written every `checkpoint_every` steps
+    /// and at the end (elastic restarts: `oxrun --max-restarts`).
+    checkpoint: Option<String>,
+    checkpoint_every: u64,
     metrics: Option<String>,
     log_every: u64,
     estimate: bool,
@@ -67,6 +71,8 @@ fn parse() -> Result<Cli, String> {
         data: None,
         save: None,
         resume: None,
+        checkpoint: None,
+        checkpoint_every: 0,
         metrics: None,
         log_every: 25,
         estimate: false,
@@ -102,6 +108,8 @@ fn parse() -> Result<Cli, String> {
             "--data" => c.data = Some(val()?),
             "--save" => c.save = Some(val()?),
             "--resume" => c.resume = Some(val()?),
+            "--checkpoint" => c.checkpoint = Some(val()?),
+            "--checkpoint-every" => c.checkpoint_every = num(val()?)? as u64,
             "--metrics" => c.metrics = Some(val()?),
             "--log-every" => c.log_every = (num(val()?)? as u64).max(1),
             "--estimate" => c.estimate = true,
@@ -367,11 +375,17 @@ fn main() {
         eprintln!("trainer: rank {rank}: {e}");
         std::process::exit(1)
     };
+    // A checkpoint left by an earlier attempt of this job (a restart) is
+    // where it resumes.
+    let resume = match &cli.checkpoint {
+        Some(p) if std::path::Path::new(p).exists() => Some(p.clone()),
+        _ => cli.resume.clone(),
+    };
     // Single and DDP hold the whole state; ZeRO-3 this rank's shard.
     let mut full: Option<TrainState> = None;
     let mut shard: Option<trainer::zero::ShardState> = None;
     if cli.mode == "zero3" {
-        shard = Some(match &cli.resume {
+        shard = Some(match &resume {
             Some(path) => {
                 trainer::checkpoint::load_shard(path, rank, n, &lens).unwrap_or_else(|e| fail(&e))
             }
@@ -380,7 +394,7 @@ fn main() {
     } else if let Some(l) = &layout {
         // This rank's part; a checkpoint holds the whole state (of any layout).
         let (r, s) = (l.part(), l.stage());
-        full = Some(match &cli.resume {
+        full = Some(match &resume {
             Some(path) => {
                 let whole = trainer::checkpoint::load(path, &lens).unwrap_or_else(|e| fail(&e));
                 trainer::pp::shard_state(&cfg.model, &whole, r, l.t, s, l.p)
@@ -388,7 +402,7 @@ fn main() {
             None => trainer::pp::init_state(&cfg, r, l.t, s, l.p),
         });
     } else {
-        full = Some(match &cli.resume {
+        full = Some(match &resume {
             Some(path) => trainer::checkpoint::load(path, &lens).unwrap_or_else(|e| fail(&e)),
             None => TrainState::new(&cfg),
         });
@@ -397,12 +411,38 @@ fn main() {
         full.as_ref()
             .map_or_else(|| shard.as_ref().unwrap().step, |f| f.step)
     };
+    if let (Some(path), 0) = (&resume, rank) {
+        println!(
+            "trainer: resumed from step {} of {path}",
+            current_step(&full, &shard)
+        );
+    }
+    let ckpt = Checkpointing {
+        model: &cfg.model,
+        layout: layout.as_ref(),
+        comm: comm.as_ref(),
+    };
+    // A resumed or restarted run continues its metrics (rows after the
+    // checkpoint that an interrupted attempt wrote appear again: the later
+    // ones count).
+    let restarted = ["OXRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|n| n != "0"));
     let mut metrics = cli.metrics.as_ref().filter(|_| rank == 0).map(|p| {
-        let mut f = std::fs::File::create(p).unwrap_or_else(|e| {
-            eprintln!("trainer: {p}: {e}");
-            std::process::exit(2)
-        });
-        writeln!(f, "step,loss,tokens_per_s,comm_share").unwrap();
+        let resumed = (resume.is_some() || restarted) && std::path::Path::new(p).exists();
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(resumed)
+            .write(true)
+            .truncate(!resumed)
+            .open(p)
+            .unwrap_or_else(|e| {
+                eprintln!("trainer: {p}: {e}");
+                std::process::exit(2)
+            });
+        if !resumed {
+            writeln!(f, "step,loss,tokens_per_s,comm_share").unwrap();
+        }
         f
     });
     if rank == 0 {
@@ -463,6 +503,11 @@ fn main() {
             _ => unreachable!(),
         };
         let at = current_step(&full, &shard);
+        if let Some(path) = cli.checkpoint.as_ref().filter(|_| {
+            cli.checkpoint_every > 0 && at % cli.checkpoint_every == 0 && at < cli.steps
+        }) {
+            ckpt.save(path, &full, &shard).unwrap_or_else(|e| fail(&e));
+        }
         bar.set_position(at);
         bar.set_message(format!(
             "loss {:.4}  {:.0} tokens/s  comm {:.0}%",
@@ -521,28 +566,60 @@ fn main() {
         m.persistent(),
         m.peak_gathered
     );
-    if let (Some(path), Some(sh)) = (&cli.save, &shard) {
-        trainer::checkpoint::save_shard(sh, path, rank, n).unwrap_or_else(|e| fail(&e));
-        if rank == 0 {
-            println!(
-                "trainer: saved step {} to {path} (+ one shard file per rank)",
-                sh.step
-            );
-        }
-    }
     if let Some(l) = layout.as_ref().filter(|l| l.p > 1) {
         pipe.print(l, micro, cli.schedule);
     }
-    // Tensor and pipeline parallel: the whole state gathered, saved like
-    // any other.
-    let full = match (&cli.save, full, &layout) {
-        (Some(_), Some(st), Some(l)) => {
-            Some(trainer::pp::gather_state(&cfg.model, &st, l).unwrap_or_else(|e| fail(&e)))
+    for path in cli.save.iter().chain(&cli.checkpoint) {
+        ckpt.save(path, &full, &shard).unwrap_or_else(|e| fail(&e));
+    }
+}
+
+/// Writing the run's state, whatever its layout.
+struct Checkpointing<'a> {
+    model: &'a ModelConfig,
+    layout: Option<&'a trainer::pp::Layout>,
+    comm: Option<&'a Communicator>,
+}
+
+impl Checkpointing<'_> {
+    /// Save to `path` (collective): ZeRO-3 shards as they are, every other
+    /// layout as the whole state (rank 0 writes it; tensor- and
+    /// pipeline-parallel parts are gathered first).
+    fn save(
+        &self,
+        path: &str,
+        full: &Option<TrainState>,
+        shard: &Option<trainer::zero::ShardState>,
+    ) -> Result<(), String> {
+        let rank = self.comm.map_or(0, |c| c.rank());
+        if let (Some(sh), Some(c)) = (shard, self.comm) {
+            trainer::checkpoint::save_shard(sh, path, c).map_err(|e| e.to_string())?;
+            if rank == 0 {
+                println!(
+                    "trainer: saved step {} to {path} (+ one shard file per rank)",
+                    sh.step
+                );
+            }
+            return Ok(());
         }
-        (_, full, _) => full,
-    };
-    if let (Some(path), Some(st), 0) = (&cli.save, &full, rank) {
-        trainer::checkpoint::save(st, path).unwrap_or_else(|e| fail(&e));
-        println!("trainer: saved step {} to {path}", st.step);
+        let Some(st) = full else { return Ok(()) };
+        let gathered;
+        let whole = match self.layout {
+            Some(l) => {
+                gathered =
+                    trainer::pp::gather_state(self.model, st, l).map_err(|e| e.to_string())?;
+                &gathered
+            }
+            None => st,
+        };
+        if rank == 0 {
+            trainer::checkpoint::save(whole, path).map_err(|e| format!("{path}: {e}"))?;
+            println!("trainer: saved step {} to {path}", whole.step);
+        }
+        // Nobody reads it back (a restart) before it is complete.
+        if let Some(c) = self.comm {
+            c.barrier().map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 }

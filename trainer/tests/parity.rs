@@ -270,8 +270,7 @@ fn zero3_resume_from_sharded_checkpoint_is_bit_identical() {
         for _ in 0..5 {
             trainer::zero::step(&c, &data, &mut st, &comm).unwrap();
         }
-        trainer::checkpoint::save_shard(&st, &path, r, n).unwrap();
-        comm.barrier().unwrap(); // the manifest is written by rank 0
+        trainer::checkpoint::save_shard(&st, &path, &comm).unwrap();
         let mut resumed = trainer::checkpoint::load_shard(&path, r, n, &st.lens).unwrap();
         assert_eq!(resumed, st);
         for _ in 0..5 {
@@ -287,8 +286,8 @@ fn zero3_resume_from_sharded_checkpoint_is_bit_identical() {
     });
     for f in [
         path.clone(),
-        format!("{path}.rank0"),
-        format!("{path}.rank1"),
+        trainer::checkpoint::shard_file(&path, 5, 0),
+        trainer::checkpoint::shard_file(&path, 5, 1),
     ] {
         std::fs::remove_file(f).ok();
     }
@@ -540,7 +539,7 @@ fn zero3_checkpoint_of_4_ranks_resumes_on_2_and_8() {
         for _ in 0..5 {
             trainer::zero::step(&c, &data, &mut st, &comm).unwrap();
         }
-        trainer::checkpoint::save_shard(&st, &path, r, 4).unwrap();
+        trainer::checkpoint::save_shard(&st, &path, &comm).unwrap();
         let at5 = trainer::zero::gather_full(&st, &comm).unwrap();
         for _ in 0..5 {
             trainer::zero::step(&c, &data, &mut st, &comm).unwrap();
@@ -581,7 +580,9 @@ fn zero3_checkpoint_of_4_ranks_resumes_on_2_and_8() {
             );
         }
     }
-    for f in std::iter::once(path.clone()).chain((0..4).map(|r| format!("{path}.rank{r}"))) {
+    for f in std::iter::once(path.clone())
+        .chain((0..4).map(|r| trainer::checkpoint::shard_file(&path, 5, r)))
+    {
         std::fs::remove_file(f).ok();
     }
 }

@@ -3,8 +3,13 @@
 //! whole job when one rank fails.
 //!
 //! ```text
-//! oxrun -n 4 [--kill-after SECS] [--no-prefix] [--] PROGRAM [ARGS...]
+//! oxrun -n 4 [--kill-after SECS] [--max-restarts K] [--no-prefix] [--] PROGRAM [ARGS...]
 //! ```
+//!
+//! `--max-restarts K`: when a rank fails, stop the others and start every
+//! rank again, up to K times (torchrun's elastic restarts); the program
+//! resumes from its own checkpoint (`OXRUN_RESTART_COUNT` says which
+//! attempt it is).
 //!
 //! oxrun hosts the rendezvous root itself and passes `OXCCL_UNIQUE_ID`, so
 //! no port needs choosing. Each rank gets `RANK`, `WORLD_SIZE`,
@@ -15,11 +20,13 @@
 use oxccl::launch::{self, Launch, Output};
 use std::time::Duration;
 
-const USAGE: &str = "usage: oxrun -n N [--kill-after SECS] [--no-prefix] [--] PROGRAM [ARGS...]";
+const USAGE: &str =
+    "usage: oxrun -n N [--kill-after SECS] [--max-restarts K] [--no-prefix] [--] PROGRAM [ARGS...]";
 
 struct Opts {
     n: usize,
     kill_after: Duration,
+    max_restarts: usize,
     prefix: bool,
     program: String,
     args: Vec<String>,
@@ -29,6 +36,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
     let mut n = None;
     let mut kill_after = Duration::from_secs(3);
     let mut prefix = true;
+    let mut max_restarts = 0;
     let mut rest = Vec::new();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -49,6 +57,11 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
                     Duration::from_secs(3600),
                 )
                 .map_err(|e| e.to_string())?;
+            }
+            "--max-restarts" => {
+                let v = it.next().ok_or("missing value for --max-restarts")?;
+                max_restarts = oxccl::settings::count("--max-restarts", &v, 0, 1000)
+                    .map_err(|e| e.to_string())?;
             }
             "--no-prefix" => prefix = false,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -77,6 +90,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
     Ok(Opts {
         n,
         kill_after,
+        max_restarts,
         prefix,
         program,
         args: rest,
@@ -103,6 +117,7 @@ fn main() {
         },
         kill_after: opts.kill_after,
         env: Vec::new(),
+        max_restarts: opts.max_restarts,
     });
     std::process::exit(code);
 }
