@@ -19,6 +19,7 @@ use trainer::train::{step, TrainConfig, TrainState};
 const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--pp P] [--micro-batches M] [--schedule gpipe|1f1b] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N] [--checkpoint PATH [--checkpoint-every N]]
+               [--on-failure exit|shrink]
        trainer --estimate [--params P] [--ranks N]
        trainer --plot OUT.svg LABEL=METRICS.csv...";
 
@@ -39,6 +40,8 @@ struct Cli {
     /// and at the end (elastic restarts: `oxrun --max-restarts`).
     checkpoint: Option<String>,
     checkpoint_every: u64,
+    /// DDP: when a rank dies, continue on the survivors.
+    shrink: bool,
     metrics: Option<String>,
     log_every: u64,
     estimate: bool,
@@ -73,6 +76,7 @@ fn parse() -> Result<Cli, String> {
         resume: None,
         checkpoint: None,
         checkpoint_every: 0,
+        shrink: false,
         metrics: None,
         log_every: 25,
         estimate: false,
@@ -110,6 +114,13 @@ fn parse() -> Result<Cli, String> {
             "--resume" => c.resume = Some(val()?),
             "--checkpoint" => c.checkpoint = Some(val()?),
             "--checkpoint-every" => c.checkpoint_every = num(val()?)? as u64,
+            "--on-failure" => {
+                c.shrink = match val()?.as_str() {
+                    "exit" => false,
+                    "shrink" => true,
+                    v => return Err(format!("--on-failure {v:?}: use exit or shrink")),
+                }
+            }
             "--metrics" => c.metrics = Some(val()?),
             "--log-every" => c.log_every = (num(val()?)? as u64).max(1),
             "--estimate" => c.estimate = true,
@@ -127,6 +138,9 @@ fn parse() -> Result<Cli, String> {
             "--tp {} --pp {} run with --mode ddp (data parallelism across replicas), not {}",
             c.tp, c.pp, c.mode
         ));
+    }
+    if c.shrink && (c.mode != "ddp" || c.tp > 1 || c.pp > 1) {
+        return Err("--on-failure shrink continues from the state every rank holds: DDP only (ZeRO-3, tensor and pipeline parallel ranks hold parts that die with a rank; restart them from a checkpoint with oxrun --max-restarts)".into());
     }
     if c.micro.is_some() && c.pp == 1 {
         return Err(
@@ -325,7 +339,7 @@ fn main() {
     };
     let mut cfg = cli.cfg.clone();
     cfg.model.vocab = corpus.vocab.len();
-    let comm = if cli.mode != "single" {
+    let mut comm = if cli.mode != "single" {
         Some(Communicator::from_env().unwrap_or_else(|e| {
             eprintln!("trainer: {e}");
             std::process::exit(1)
@@ -333,7 +347,9 @@ fn main() {
     } else {
         None
     };
-    let (rank, n) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.nranks()));
+    let (rank, mut n) = comm.as_ref().map_or((0, 1), |c| (c.rank(), c.nranks()));
+    // Prints the progress (rank 0, or the lowest survivor after a shrink).
+    let mut leader = rank == 0;
     // Tensor-parallel groups of `--tp` ranks, `--pp` pipeline stages;
     // DDP across the replicas.
     let layout = comm
@@ -420,7 +436,6 @@ fn main() {
     let ckpt = Checkpointing {
         model: &cfg.model,
         layout: layout.as_ref(),
-        comm: comm.as_ref(),
     };
     // A resumed or restarted run continues its metrics (rows after the
     // checkpoint that an interrupted attempt wrote appear again: the later
@@ -492,7 +507,25 @@ fn main() {
                     pipe.add(&s, &ps, alloc::peak_since(before));
                     s
                 }
-                None => step(&cfg, &corpus, st, comm.as_ref()).unwrap_or_else(|e| fail(&e)),
+                None => match step(&cfg, &corpus, st, comm.as_ref()) {
+                    Ok(s) => s,
+                    Err(trainer::train::TrainError::Comm(e)) if cli.shrink => {
+                        let old = comm.take().expect("DDP has a communicator");
+                        eprintln!("trainer: rank {rank}: {e}; continuing without that rank");
+                        let c = trainer::train::shrink_and_agree(&old, &e, st, &cfg)
+                            .unwrap_or_else(|e| fail(&e));
+                        (n, leader) = (c.nranks(), c.rank() == 0);
+                        if leader {
+                            println!(
+                                "trainer: continuing on {n} ranks from step {} (the batch spread over them)",
+                                st.step
+                            );
+                        }
+                        comm = Some(c);
+                        continue;
+                    }
+                    Err(e) => fail(&e),
+                },
             },
             (None, Some(sh)) => {
                 let (s, m) = trainer::zero::step(&cfg, &corpus, sh, comm.as_ref().unwrap())
@@ -506,7 +539,8 @@ fn main() {
         if let Some(path) = cli.checkpoint.as_ref().filter(|_| {
             cli.checkpoint_every > 0 && at % cli.checkpoint_every == 0 && at < cli.steps
         }) {
-            ckpt.save(path, &full, &shard).unwrap_or_else(|e| fail(&e));
+            ckpt.save(path, &full, &shard, comm.as_ref())
+                .unwrap_or_else(|e| fail(&e));
         }
         bar.set_position(at);
         bar.set_message(format!(
@@ -528,7 +562,7 @@ fn main() {
             )
             .unwrap();
         }
-        if rank == 0 && (at % cli.log_every == 0 || at == cli.steps) {
+        if leader && (at % cli.log_every == 0 || at == cli.steps) {
             println!(
                 "step {:>5}  loss {:.4}  {:>8.0} tokens/s  communication {:>4.1}%",
                 at,
@@ -570,7 +604,8 @@ fn main() {
         pipe.print(l, micro, cli.schedule);
     }
     for path in cli.save.iter().chain(&cli.checkpoint) {
-        ckpt.save(path, &full, &shard).unwrap_or_else(|e| fail(&e));
+        ckpt.save(path, &full, &shard, comm.as_ref())
+            .unwrap_or_else(|e| fail(&e));
     }
 }
 
@@ -578,7 +613,6 @@ fn main() {
 struct Checkpointing<'a> {
     model: &'a ModelConfig,
     layout: Option<&'a trainer::pp::Layout>,
-    comm: Option<&'a Communicator>,
 }
 
 impl Checkpointing<'_> {
@@ -590,9 +624,10 @@ impl Checkpointing<'_> {
         path: &str,
         full: &Option<TrainState>,
         shard: &Option<trainer::zero::ShardState>,
+        comm: Option<&Communicator>,
     ) -> Result<(), String> {
-        let rank = self.comm.map_or(0, |c| c.rank());
-        if let (Some(sh), Some(c)) = (shard, self.comm) {
+        let rank = comm.map_or(0, |c| c.rank());
+        if let (Some(sh), Some(c)) = (shard, comm) {
             trainer::checkpoint::save_shard(sh, path, c).map_err(|e| e.to_string())?;
             if rank == 0 {
                 println!(
@@ -617,7 +652,7 @@ impl Checkpointing<'_> {
             println!("trainer: saved step {} to {path}", whole.step);
         }
         // Nobody reads it back (a restart) before it is complete.
-        if let Some(c) = self.comm {
+        if let Some(c) = comm {
             c.barrier().map_err(|e| e.to_string())?;
         }
         Ok(())

@@ -240,3 +240,51 @@ pub(crate) fn all_reduce_buckets(
     }
     Ok(())
 }
+
+/// After a step failed because a peer did (DDP): the survivors'
+/// communicator without the rank the error blames (every survivor's error
+/// names the same one), and the replicas made equal again, so training
+/// continues with the batch spread over fewer ranks. A survivor may have
+/// finished the failed step (the dead rank had sent all it had to) while
+/// others did not: every replica takes the state of the lowest step.
+pub fn shrink_and_agree(
+    comm: &Communicator,
+    err: &oxccl::Error,
+    st: &mut TrainState,
+    cfg: &TrainConfig,
+) -> Result<Communicator, TrainError> {
+    let dead = err.blamed_rank().ok_or_else(|| {
+        TrainError::Config(format!(
+            "cannot continue without the failed rank: the error names none ({err})"
+        ))
+    })?;
+    let survivors = comm.shrink(&[dead])?;
+    validate(cfg, survivors.nranks())?;
+    agree(&survivors, st)?;
+    Ok(survivors)
+}
+
+/// Make every replica's state the one of the lowest step (the lowest rank
+/// holding it broadcasts it).
+pub fn agree(c: &CoreCommunicator, st: &mut TrainState) -> Result<(), TrainError> {
+    let mut lowest = [st.step];
+    c.all_reduce_in_place(&mut lowest, ReduceOp::Min)?;
+    let mut root = [match st.step == lowest[0] {
+        true => c.rank() as u64,
+        false => u64::MAX,
+    }];
+    c.all_reduce_in_place(&mut root, ReduceOp::Min)?;
+    let root = root[0] as usize;
+    for (p, m) in st.params.iter_mut().zip(st.moments.iter_mut()) {
+        // Moments not made yet are zeros to AdamW: send them as such.
+        if m.m.len() != p.len() {
+            m.m = vec![0.0; p.len()];
+            m.v = vec![0.0; p.len()];
+        }
+        c.broadcast_in_place(p.as_mut_slice(), root)?;
+        c.broadcast_in_place(m.m.as_mut_slice(), root)?;
+        c.broadcast_in_place(m.v.as_mut_slice(), root)?;
+    }
+    st.step = lowest[0];
+    Ok(())
+}

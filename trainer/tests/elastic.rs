@@ -137,3 +137,126 @@ fn a_rank_killed_mid_training_is_restarted_and_the_job_ends_as_if_it_had_not_bee
     assert!(got.moments == want.moments, "optimizer state differs");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The trainer's defaults (`trainer --mode ddp` with `--batch 12`).
+fn default_run() -> (trainer::train::TrainConfig, trainer::data::Corpus) {
+    let corpus = trainer::data::Corpus::markov(1 ^ 0xda7a, 200_000);
+    let cfg = trainer::train::TrainConfig {
+        model: trainer::model::ModelConfig {
+            vocab: corpus.vocab.len(),
+            d_model: 64,
+            layers: 2,
+            heads: 4,
+            seq: 32,
+        },
+        batch: 12,
+        accum: 1,
+        seed: 1,
+        opt: trainer::optim::AdamW::default(),
+        bucket_bytes: 25 << 20,
+    };
+    (cfg, corpus)
+}
+
+#[test]
+fn survivors_shrink_the_communicator_and_train_on_when_a_rank_dies() {
+    use std::io::Read;
+    let dir = std::env::temp_dir().join(format!("oxccl-shrink-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let saved = dir.join("end.ckpt").display().to_string();
+    let metrics = dir.join("metrics.csv").display().to_string();
+    let steps = 80;
+    // Ranks started by hand, joined through a root this test hosts: a
+    // launcher would stop the survivors itself.
+    let id = oxccl::UniqueId::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        oxccl::transport_handshake::Secret::random().unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    let mut ranks: Vec<std::process::Child> = (0..4)
+        .map(|r| {
+            std::process::Command::new(env!("CARGO_BIN_EXE_trainer"))
+                .args(["--mode", "ddp", "--batch", "12", "--log-every", "1000"])
+                .args(["--steps", &steps.to_string(), "--on-failure", "shrink"])
+                .args(["--metrics", &metrics, "--save", &saved])
+                .env("OXCCL_RANK", r.to_string())
+                .env("OXCCL_WORLD_SIZE", "4")
+                .env("OXCCL_UNIQUE_ID", id.to_string())
+                .env("OXCCL_SOCKET_IFNAME", "lo")
+                .env("OXCCL_TIMEOUT", "60")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let t = Instant::now();
+    let rows = || {
+        std::fs::read_to_string(&metrics)
+            .map(|s| s.lines().count().saturating_sub(1))
+            .unwrap_or(0)
+    };
+    while rows() < 20 {
+        assert!(t.elapsed() < Duration::from_secs(120), "no progress");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    ranks[3].kill().unwrap();
+    let killed_after = rows();
+    assert!(killed_after < steps as usize, "killed after the end");
+    let mut out = Vec::new();
+    for (r, k) in ranks.iter_mut().enumerate() {
+        let mut text = String::new();
+        k.stdout.take().unwrap().read_to_string(&mut text).unwrap();
+        k.stderr.take().unwrap().read_to_string(&mut text).unwrap();
+        let status = k.wait().unwrap();
+        if r < 3 {
+            assert!(status.success(), "survivor {r} failed:\n{text}");
+        }
+        out.push(text);
+    }
+    assert!(
+        out[0].contains("continuing on 3 ranks from step"),
+        "rank 0:\n{}",
+        out[0]
+    );
+    for r in 0..3 {
+        assert!(
+            out[r].contains("rank 3"),
+            "rank {r} does not name rank 3:\n{}",
+            out[r]
+        );
+    }
+    // The survivors went on to the last step, with the batch over 3 ranks:
+    // the trajectory of the single-process run, within rounding (DDP adds
+    // the gradients of 4, then 3, ranks in another order than one process).
+    let (cfg, corpus) = default_run();
+    let lens: Vec<usize> = cfg
+        .model
+        .layout()
+        .iter()
+        .map(|u| u.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
+        .collect();
+    let got = trainer::checkpoint::load(&saved, &lens).unwrap();
+    assert_eq!(got.step, steps);
+    let mut want = trainer::train::TrainState::new(&cfg);
+    for _ in 0..steps {
+        trainer::train::step(&cfg, &corpus, &mut want, None).unwrap();
+    }
+    let rel = got
+        .params
+        .iter()
+        .zip(&want.params)
+        .map(|(x, y)| {
+            let d: f64 = x.iter().zip(y).map(|(p, q)| ((p - q) as f64).powi(2)).sum();
+            let n: f64 = y.iter().map(|q| (*q as f64).powi(2)).sum();
+            (d.sqrt() / n.sqrt().max(1e-12)) as f32
+        })
+        .fold(0.0, f32::max);
+    eprintln!("4 ranks, rank 3 killed after {killed_after} steps, 3 to step {steps}: relative to single {rel:e}");
+    assert!(
+        rel <= 1e-4,
+        "parameters differ from the single-process run by {rel:e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
