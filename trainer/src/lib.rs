@@ -8,6 +8,7 @@ pub mod data;
 pub mod model;
 pub mod optim;
 pub mod plot;
+pub mod powersgd;
 pub mod pp;
 pub mod schedule;
 pub mod tp;

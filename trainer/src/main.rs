@@ -14,12 +14,12 @@ use std::io::Write;
 use trainer::data::Corpus;
 use trainer::model::ModelConfig;
 use trainer::optim::AdamW;
-use trainer::train::{step, TrainConfig, TrainState};
+use trainer::train::{TrainConfig, TrainState};
 
 const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--pp P] [--micro-batches M] [--schedule gpipe|1f1b] [--steps N] [--batch ROWS] [--seq T] [--d-model D] [--layers L] [--heads H]
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N] [--checkpoint PATH [--checkpoint-every N]]
-               [--on-failure exit|shrink]
+               [--on-failure exit|shrink] [--powersgd RANK]
        trainer --estimate [--params P] [--ranks N]
        trainer --plot OUT.svg LABEL=METRICS.csv...";
 
@@ -42,6 +42,8 @@ struct Cli {
     checkpoint_every: u64,
     /// DDP: when a rank dies, continue on the survivors.
     shrink: bool,
+    /// DDP: average gradients compressed by PowerSGD at this rank.
+    powersgd: Option<usize>,
     metrics: Option<String>,
     log_every: u64,
     estimate: bool,
@@ -77,6 +79,7 @@ fn parse() -> Result<Cli, String> {
         checkpoint: None,
         checkpoint_every: 0,
         shrink: false,
+        powersgd: None,
         metrics: None,
         log_every: 25,
         estimate: false,
@@ -114,6 +117,7 @@ fn parse() -> Result<Cli, String> {
             "--resume" => c.resume = Some(val()?),
             "--checkpoint" => c.checkpoint = Some(val()?),
             "--checkpoint-every" => c.checkpoint_every = num(val()?)? as u64,
+            "--powersgd" => c.powersgd = Some((num(val()?)? as usize).max(1)),
             "--on-failure" => {
                 c.shrink = match val()?.as_str() {
                     "exit" => false,
@@ -141,6 +145,11 @@ fn parse() -> Result<Cli, String> {
     }
     if c.shrink && (c.mode != "ddp" || c.tp > 1 || c.pp > 1) {
         return Err("--on-failure shrink continues from the state every rank holds: DDP only (ZeRO-3, tensor and pipeline parallel ranks hold parts that die with a rank; restart them from a checkpoint with oxrun --max-restarts)".into());
+    }
+    if c.powersgd.is_some() && (c.mode != "ddp" || c.tp > 1 || c.pp > 1) {
+        return Err(
+            "--powersgd compresses DDP's gradient average: --mode ddp without --tp/--pp".into(),
+        );
     }
     if c.micro.is_some() && c.pp == 1 {
         return Err(
@@ -456,7 +465,7 @@ fn main() {
                 std::process::exit(2)
             });
         if !resumed {
-            writeln!(f, "step,loss,tokens_per_s,comm_share").unwrap();
+            writeln!(f, "step,loss,tokens_per_s,comm_share,comm_bytes").unwrap();
         }
         f
     });
@@ -486,6 +495,10 @@ fn main() {
     }
     let (mut tokens, mut secs, mut comm_secs) = (0usize, 0.0, 0.0);
     let mut pipe = PipeReport::default();
+    let mut powersgd = cli
+        .powersgd
+        .map(|r| trainer::powersgd::PowerSgd::new(&cfg.model.layout(), r, cfg.seed));
+    let mut comm_bytes = 0;
     let mut memory = trainer::zero::Memory::default();
     // A live bar on a terminal (rank 0); plain log lines always.
     let bar = if rank == 0 && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -507,7 +520,16 @@ fn main() {
                     pipe.add(&s, &ps, alloc::peak_since(before));
                     s
                 }
-                None => match step(&cfg, &corpus, st, comm.as_ref()) {
+                None => match trainer::train::step_averaging(
+                    &cfg,
+                    &corpus,
+                    st,
+                    comm.as_ref(),
+                    match powersgd.as_mut() {
+                        Some(p) => trainer::train::Averaging::PowerSgd(p),
+                        None => trainer::train::Averaging::Full,
+                    },
+                ) {
                     Ok(s) => s,
                     Err(trainer::train::TrainError::Comm(e)) if cli.shrink => {
                         let old = comm.take().expect("DDP has a communicator");
@@ -550,15 +572,17 @@ fn main() {
             100.0 * s.comm_seconds / s.seconds.max(1e-9)
         ));
         tokens += s.tokens * n;
+        comm_bytes = s.comm_bytes;
         secs += s.seconds;
         comm_secs += s.comm_seconds;
         if let Some(f) = metrics.as_mut() {
             writeln!(
                 f,
-                "{at},{:.6},{:.1},{:.4}",
+                "{at},{:.6},{:.1},{:.4},{}",
                 s.loss,
                 s.tokens as f64 * n as f64 / s.seconds,
-                s.comm_seconds / s.seconds
+                s.comm_seconds / s.seconds,
+                s.comm_bytes
             )
             .unwrap();
         }
@@ -602,6 +626,19 @@ fn main() {
     );
     if let Some(l) = layout.as_ref().filter(|l| l.p > 1) {
         pipe.print(l, micro, cli.schedule);
+    }
+    if leader && comm_bytes > 0 {
+        println!(
+            "gradient bytes per step per rank: {comm_bytes} ({} uncompressed{})",
+            4 * cfg.model.parameters(),
+            match cli.powersgd {
+                Some(r) => format!(
+                    ", PowerSGD rank {r}: {:.1}x less",
+                    (4 * cfg.model.parameters()) as f64 / comm_bytes as f64
+                ),
+                None => String::new(),
+            }
+        );
     }
     for path in cli.save.iter().chain(&cli.checkpoint) {
         ckpt.save(path, &full, &shard, comm.as_ref())

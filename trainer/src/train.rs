@@ -61,6 +61,9 @@ pub struct StepStats {
     pub seconds: f64,
     /// Time spent waiting for communication.
     pub comm_seconds: f64,
+    /// Bytes of gradients this rank handed to collectives (DDP; 0 where
+    /// not counted).
+    pub comm_bytes: usize,
 }
 
 /// Errors of a training step.
@@ -126,6 +129,14 @@ pub fn validate(cfg: &TrainConfig, nranks: usize) -> Result<(), TrainError> {
     Ok(())
 }
 
+/// How DDP averages gradients across ranks.
+pub enum Averaging<'a> {
+    /// In full, in buckets of `bucket_bytes` (launched as they fill).
+    Full,
+    /// Compressed at PowerSGD's rank (its state persists across steps).
+    PowerSgd(&'a mut crate::powersgd::PowerSgd),
+}
+
 /// One optimizer step: single-process when `comm` is None (or has one
 /// rank), DDP otherwise.
 pub fn step(
@@ -133,6 +144,17 @@ pub fn step(
     corpus: &Corpus,
     st: &mut TrainState,
     comm: Option<&Communicator>,
+) -> Result<StepStats, TrainError> {
+    step_averaging(cfg, corpus, st, comm, Averaging::Full)
+}
+
+/// [`step`], DDP averaging as `avg` says.
+pub fn step_averaging(
+    cfg: &TrainConfig,
+    corpus: &Corpus,
+    st: &mut TrainState,
+    comm: Option<&Communicator>,
+    avg: Averaging<'_>,
 ) -> Result<StepStats, TrainError> {
     let t0 = Instant::now();
     let (rank, n) = comm.map_or((0, 1), |c| (c.rank(), c.nranks()));
@@ -158,9 +180,19 @@ pub fn step(
     }
     let mut comm_seconds = 0.0;
     let mut loss = local_loss;
+    let mut comm_bytes = 0;
     if let Some(c) = comm.filter(|c| c.nranks() > 1) {
         let tc = Instant::now();
-        all_reduce_buckets(c, &mut grads, cfg.bucket_bytes)?;
+        match avg {
+            Averaging::Full => {
+                all_reduce_buckets(c, &mut grads, cfg.bucket_bytes)?;
+                comm_bytes = 4 * grads.iter().map(Vec::len).sum::<usize>();
+            }
+            Averaging::PowerSgd(p) => {
+                p.all_reduce(c, &mut grads)?;
+                comm_bytes = 4 * p.floats_per_step();
+            }
+        }
         let mut l = [local_loss];
         c.all_reduce_in_place(&mut l, ReduceOp::Avg)?;
         loss = l[0];
@@ -175,6 +207,7 @@ pub fn step(
         tokens,
         seconds: t0.elapsed().as_secs_f64(),
         comm_seconds,
+        comm_bytes,
     })
 }
 

@@ -275,6 +275,7 @@ pub fn step(
             tokens,
             seconds: t0.elapsed().as_secs_f64(),
             comm_seconds,
+            comm_bytes: 0,
         },
         mem,
     ))
