@@ -207,7 +207,7 @@ fn plot_command(args: &[String]) -> ! {
     }
     if let Err(e) = std::fs::write(
         out,
-        trainer::plot::svg("training loss: single, DDP, ZeRO-3", &series),
+        trainer::plot::svg("training loss", &series),
     ) {
         eprintln!("trainer: {out}: {e}");
         std::process::exit(1)
