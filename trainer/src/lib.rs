@@ -5,6 +5,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod estimate;
 pub mod model;
 pub mod optim;
 pub mod plot;

@@ -6,7 +6,7 @@
 //! oxrun -n 4 trainer --mode zero3 --steps 300 --batch 32
 //! oxrun -n 4 trainer --mode ddp --tp 2 --steps 300 --batch 32
 //! oxrun -n 8 trainer --mode ddp --tp 2 --pp 2 --micro-batches 4 --schedule 1f1b --layers 4
-//! trainer --estimate --params 7e9 --ranks 8
+//! trainer --estimate --params 70e9 --ranks 64 --tp 8 --pp 4
 //! ```
 
 use oxccl::Communicator;
@@ -20,7 +20,7 @@ const USAGE: &str = "usage: trainer [--mode single|ddp|zero3] [--tp T] [--pp P] 
                [--accum K] [--lr LR] [--seed S] [--data FILE] [--bucket-mb MB] [--save PATH] [--resume PATH]
                [--metrics FILE.csv] [--log-every N] [--checkpoint PATH [--checkpoint-every N]]
                [--on-failure exit|shrink] [--powersgd RANK]
-       trainer --estimate [--params P] [--ranks N]
+       trainer --estimate [--params P] [--ranks N] [--tp T] [--pp P] [--micro-batches M] [--schedule S] [--seq T]
        trainer --plot OUT.svg LABEL=METRICS.csv...";
 
 struct Cli {
@@ -49,6 +49,9 @@ struct Cli {
     estimate: bool,
     est_params: f64,
     est_ranks: usize,
+    /// `--seq` when given (the estimate's default is 2048, not the
+    /// trainer's 32).
+    est_seq: Option<usize>,
 }
 
 fn parse() -> Result<Cli, String> {
@@ -85,6 +88,7 @@ fn parse() -> Result<Cli, String> {
         estimate: false,
         est_params: 7e9,
         est_ranks: 8,
+        est_seq: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -104,7 +108,10 @@ fn parse() -> Result<Cli, String> {
             "--schedule" => c.schedule = val()?.parse()?,
             "--steps" => c.steps = num(val()?)? as u64,
             "--batch" => c.cfg.batch = num(val()?)? as usize,
-            "--seq" => c.cfg.model.seq = num(val()?)? as usize,
+            "--seq" => {
+                c.cfg.model.seq = num(val()?)? as usize;
+                c.est_seq = Some(c.cfg.model.seq);
+            }
             "--d-model" => c.cfg.model.d_model = num(val()?)? as usize,
             "--layers" => c.cfg.model.layers = num(val()?)? as usize,
             "--heads" => c.cfg.model.heads = num(val()?)? as usize,
@@ -137,7 +144,7 @@ fn parse() -> Result<Cli, String> {
     if !["single", "ddp", "zero3"].contains(&c.mode.as_str()) {
         return Err(format!("--mode {:?}: use single, ddp or zero3", c.mode));
     }
-    if (c.tp > 1 || c.pp > 1) && c.mode != "ddp" {
+    if (c.tp > 1 || c.pp > 1) && c.mode != "ddp" && !c.estimate {
         return Err(format!(
             "--tp {} --pp {} run with --mode ddp (data parallelism across replicas), not {}",
             c.tp, c.pp, c.mode
@@ -151,7 +158,7 @@ fn parse() -> Result<Cli, String> {
             "--powersgd compresses DDP's gradient average: --mode ddp without --tp/--pp".into(),
         );
     }
-    if c.micro.is_some() && c.pp == 1 {
+    if c.micro.is_some() && c.pp == 1 && !c.estimate {
         return Err(
             "--micro-batches divides a pipeline's step: give --pp too (or --accum without one)"
                 .into(),
@@ -160,32 +167,58 @@ fn parse() -> Result<Cli, String> {
     Ok(c)
 }
 
-/// The ZeRO paper's per-rank memory for mixed-precision Adam (K = 12).
-fn estimate(params: f64, ranks: usize) {
-    let gb = |b: f64| b / 1e9;
-    let (p, n, k) = (params, ranks as f64, 12.0);
-    println!("model states per rank for {:.3e} parameters, mixed-precision Adam (fp16 parameters 2 B, fp16 gradients 2 B, fp32 master copy + m + v K = 12 B per parameter):", p);
-    println!("  {:<28} {:>12}", "stage", "GB per rank");
+/// `trainer --estimate`: memory per rank for a model of `params` on
+/// `ranks` ranks, tensor × pipeline parallel as `--tp`/`--pp` say, data
+/// parallel over the rest, each ZeRO stage (see `trainer::estimate`).
+fn estimate(cli: &Cli) {
+    use trainer::estimate::{per_rank, Plan, Shape};
+    let (t, p) = (cli.tp, cli.pp);
+    if !cli.est_ranks.is_multiple_of(t * p) {
+        eprintln!(
+            "trainer: {} ranks do not divide into tensor parallel {t} x pipeline {p}",
+            cli.est_ranks
+        );
+        std::process::exit(2);
+    }
+    let d = cli.est_ranks / (t * p);
+    let m = Shape::of(cli.est_params);
+    let seq = cli.est_seq.unwrap_or(2048);
+    let micro_batches = cli.micro.unwrap_or(if p > 1 { 4 * p } else { 1 });
     println!(
-        "  {:<28} {:>12.1}",
-        "unsharded (DDP), 16 B/param",
-        gb(16.0 * p)
+        "{:.3e} parameters ({} layers, hidden {}, {} heads) on {} ranks: tensor parallel {t} x pipeline {p} x data parallel {d}; micro-batches of 1 x {seq} tokens, {micro_batches} per step, {:?}",
+        m.params, m.layers, m.hidden, m.heads, cli.est_ranks, cli.schedule
     );
+    println!("mixed-precision Adam (fp16 parameters 2 B, gradients 2 B, fp32 master + m + v 12 B per parameter); activations fp16 without recomputation, of the first pipeline stage:");
     println!(
-        "  {:<28} {:>12.1}",
-        format!("ZeRO-1 (2+2+K/{ranks})"),
-        gb((2.0 + 2.0 + k / n) * p)
+        "  {:<10} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "data par.", "parameters", "gradients", "optimizer", "activations", "total GB"
     );
-    println!(
-        "  {:<28} {:>12.1}",
-        format!("ZeRO-2 (2+(2+K)/{ranks})"),
-        gb((2.0 + (2.0 + k) / n) * p)
-    );
-    println!(
-        "  {:<28} {:>12.1}",
-        format!("ZeRO-3 ((2+2+K)/{ranks})"),
-        gb((2.0 + 2.0 + k) / n * p)
-    );
+    for zero in 0..=3u8 {
+        let plan = Plan {
+            t,
+            p,
+            d,
+            zero,
+            seq,
+            micro_batch: 1,
+            micro_batches,
+            schedule: cli.schedule,
+        };
+        let r = per_rank(&m, &plan);
+        let gb = |b: f64| format!("{:.1}", b / 1e9);
+        println!(
+            "  {:<10} {:>12} {:>12} {:>12} {:>12} {:>12}",
+            match zero {
+                0 => "DDP".to_string(),
+                z => format!("ZeRO-{z}"),
+            },
+            gb(r.params),
+            gb(r.grads),
+            gb(r.optimizer),
+            gb(r.activations),
+            gb(r.total())
+        );
+    }
 }
 
 /// `trainer --plot OUT.svg label=metrics.csv ...`: loss curves side by side.
@@ -205,10 +238,7 @@ fn plot_command(args: &[String]) -> ! {
             }
         }
     }
-    if let Err(e) = std::fs::write(
-        out,
-        trainer::plot::svg("training loss", &series),
-    ) {
+    if let Err(e) = std::fs::write(out, trainer::plot::svg("training loss", &series)) {
         eprintln!("trainer: {out}: {e}");
         std::process::exit(1)
     }
@@ -336,7 +366,7 @@ fn main() {
         }
     };
     if cli.estimate {
-        estimate(cli.est_params, cli.est_ranks);
+        estimate(&cli);
         return;
     }
     let corpus = match &cli.data {
