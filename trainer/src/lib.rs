@@ -1,7 +1,9 @@
 //! `trainer`: the reference trainer that shows oxccl serving a real
 //! training loop — a small decoder-only transformer (candle, CPU) on a
-//! character-level task, trained in one process or with DDP over oxccl,
-//! with results equal to single-process training.
+//! character-level task, trained in one process or over oxccl with DDP
+//! (optionally PowerSGD-compressed), ZeRO-3, tensor, pipeline and 3D
+//! parallelism, with results equal to single-process training; restarts
+//! from checkpoints and continues on survivors when a rank dies.
 
 pub mod checkpoint;
 pub mod data;
