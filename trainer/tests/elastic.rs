@@ -220,11 +220,10 @@ fn survivors_shrink_the_communicator_and_train_on_when_a_rank_dies() {
         "rank 0:\n{}",
         out[0]
     );
-    for r in 0..3 {
+    for (r, text) in out.iter().enumerate().take(3) {
         assert!(
-            out[r].contains("rank 3"),
-            "rank {r} does not name rank 3:\n{}",
-            out[r]
+            text.contains("rank 3"),
+            "rank {r} does not name rank 3:\n{text}"
         );
     }
     // The survivors went on to the last step, with the batch over 3 ranks:
