@@ -420,12 +420,7 @@ fn main() {
         eprintln!("trainer: {e}");
         std::process::exit(2);
     }
-    let lens: Vec<usize> = cfg
-        .model
-        .layout()
-        .iter()
-        .map(|u| u.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
-        .collect();
+    let lens: Vec<usize> = cfg.model.unit_lens();
     let fail = |e: &dyn std::fmt::Display| -> ! {
         eprintln!("trainer: rank {rank}: {e}");
         std::process::exit(1)

@@ -51,6 +51,14 @@ impl ModelConfig {
         units
     }
 
+    /// Parameters of each unit.
+    pub fn unit_lens(&self) -> Vec<usize> {
+        self.layout()
+            .iter()
+            .map(|u| u.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
+            .collect()
+    }
+
     /// Parameters in total.
     pub fn parameters(&self) -> usize {
         self.layout()

@@ -356,10 +356,7 @@ pub fn step(
     // Tensor-parallel all_reduces ran inside the passes (and count there
     // as busy too).
     let comm_seconds = tc.elapsed().as_secs_f64() + divided.as_ref().map_or(0.0, Divided::seconds);
-    st.step += 1;
-    for ((w, g), mo) in st.params.iter_mut().zip(&grads).zip(st.moments.iter_mut()) {
-        cfg.opt.step(st.step, w, g, mo);
-    }
+    st.apply(&cfg.opt, &grads);
     Ok((
         StepStats {
             loss: l[0],

@@ -39,6 +39,19 @@ pub struct TrainState {
 }
 
 impl TrainState {
+    /// The optimizer's step with `grads` (by unit, as `params`).
+    pub fn apply(&mut self, opt: &AdamW, grads: &[Vec<f32>]) {
+        self.step += 1;
+        for ((p, g), m) in self
+            .params
+            .iter_mut()
+            .zip(grads)
+            .zip(self.moments.iter_mut())
+        {
+            opt.step(self.step, p, g, m);
+        }
+    }
+
     /// Fresh state from the seeded initialisation.
     pub fn new(cfg: &TrainConfig) -> TrainState {
         let params = model::init(&cfg.model, cfg.seed);
@@ -198,10 +211,7 @@ pub fn step_averaging(
         loss = l[0];
         comm_seconds = tc.elapsed().as_secs_f64();
     }
-    st.step += 1;
-    for ((p, g), m) in st.params.iter_mut().zip(&grads).zip(st.moments.iter_mut()) {
-        cfg.opt.step(st.step, p, g, m);
-    }
+    st.apply(&cfg.opt, &grads);
     Ok(StepStats {
         loss,
         tokens,

@@ -46,10 +46,7 @@ fn lens() -> Vec<usize> {
         heads: 4,
         seq: 32,
     };
-    m.layout()
-        .iter()
-        .map(|u| u.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
-        .collect()
+    m.unit_lens()
 }
 
 fn step_of(path: &str) -> Option<u64> {
@@ -230,12 +227,7 @@ fn survivors_shrink_the_communicator_and_train_on_when_a_rank_dies() {
     // the trajectory of the single-process run, within rounding (DDP adds
     // the gradients of 4, then 3, ranks in another order than one process).
     let (cfg, corpus) = default_run();
-    let lens: Vec<usize> = cfg
-        .model
-        .layout()
-        .iter()
-        .map(|u| u.iter().map(|(_, s)| s.iter().product::<usize>()).sum())
-        .collect();
+    let lens: Vec<usize> = cfg.model.unit_lens();
     let got = trainer::checkpoint::load(&saved, &lens).unwrap();
     assert_eq!(got.step, steps);
     let mut want = trainer::train::TrainState::new(&cfg);

@@ -104,33 +104,10 @@ fn max_abs(a: &TrainState, b: &TrainState) -> f32 {
 #[test]
 fn ddp_on_2_and_4_ranks_matches_single_process() {
     let c = cfg(1);
-    let (want, want_losses) = single(&c, 10);
-    assert!(
-        want_losses[9] < want_losses[0],
-        "loss must fall: {want_losses:?}"
-    );
+    let want = single(&c, 10);
+    assert!(want.1[9] < want.1[0], "loss must fall: {:?}", want.1);
     for n in [2, 4] {
-        let got = ddp(&c, n, 10);
-        for (r, (st, losses)) in got.iter().enumerate() {
-            let rel = max_rel(st, &want);
-            assert!(
-                rel <= 1e-5,
-                "{n} ranks, rank {r}: parameters differ by {rel:e} (relative)"
-            );
-            // Replicas are bitwise identical to each other.
-            assert_eq!(st.params, got[0].0.params, "rank {r} diverged from rank 0");
-            for (a, b) in losses.iter().zip(&want_losses) {
-                assert!(
-                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                    "{n} ranks: loss {a} vs {b}"
-                );
-            }
-        }
-        eprintln!(
-            "DDP {n} ranks vs single after 10 steps: relative (per unit, L2) {:e}, largest elementwise {:e}",
-            max_rel(&got[0].0, &want),
-            max_abs(&got[0].0, &want)
-        );
+        assert_matches(&format!("DDP {n} ranks"), &ddp(&c, n, 10), &want);
     }
 }
 
@@ -358,32 +335,13 @@ fn tensor_parallel(
 fn tensor_parallel_matches_single_process() {
     for accum in [1, 2] {
         let c = cfg(accum);
-        let (want, want_losses) = single(&c, 10);
+        let want = single(&c, 10);
         // (ranks, tensor-parallel group): TP 2, TP 4 (one head each), and
         // TP 2 x DP 2.
         for (n, t) in [(2, 2), (4, 4), (4, 2)] {
             let got = tensor_parallel(&c, n, t, 10);
-            for (r, (st, losses)) in got.iter().enumerate() {
-                let rel = max_rel(st, &want);
-                assert!(
-                    rel <= 1e-5,
-                    "TP {t} on {n} ranks (accum {accum}), rank {r}: parameters differ by {rel:e}"
-                );
-                // Every group holds the same model, bit for bit.
-                assert_eq!(st.params, got[0].0.params, "rank {r} diverged from rank 0");
-                for (a, b) in losses.iter().zip(&want_losses) {
-                    assert!(
-                        (a - b).abs() <= 1e-5 * b.abs().max(1.0),
-                        "TP {t} on {n} ranks: loss {a} vs {b}"
-                    );
-                }
-            }
-            eprintln!(
-                "TP {t} x DP {} (accum {accum}) vs single after 10 steps: relative (per unit, L2) {:e}, largest elementwise {:e}",
-                n / t,
-                max_rel(&got[0].0, &want),
-                max_abs(&got[0].0, &want)
-            );
+            let what = format!("TP {t} x DP {} (accum {accum})", n / t);
+            assert_matches(&what, &got, &want);
         }
     }
 }
