@@ -122,7 +122,9 @@ fn every_bad_value_is_an_error_naming_its_variable() {
 
 #[test]
 fn an_unreachable_root_fails_after_the_connect_deadline_naming_it() {
-    let port = common::free_port(); // nobody listens there now
+    // Refused, and kept from roots other tests start meanwhile (CI: a
+    // merely free port was taken by one, whose refusal came instead).
+    let (_held, port) = common::refusing_port();
     let id = format!("oxccl1:{}@127.0.0.1:{port}", "ab".repeat(16));
     let t = Instant::now();
     let out = Command::new(SELFTEST)

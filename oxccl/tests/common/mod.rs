@@ -125,6 +125,29 @@ pub fn wait_running(
     readers
 }
 
+/// A local port held bound, never listening, while the fd lives: a
+/// connection to it is refused, and no other socket (a root another test
+/// starts meanwhile) can take it, as it could a port merely free.
+pub fn refusing_port() -> (std::os::fd::OwnedFd, u16) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a fresh fd owned below; `addr` and
+    // `len` are valid for the calls that write them.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket");
+        let owned = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut addr: libc::sockaddr_in = std::mem::zeroed();
+        addr.sin_family = libc::AF_INET as libc::sa_family_t;
+        addr.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let sa = &mut addr as *mut libc::sockaddr_in as *mut libc::sockaddr;
+        assert_eq!(libc::bind(fd, sa, len), 0, "bind");
+        let mut got = len;
+        assert_eq!(libc::getsockname(fd, sa, &mut got), 0, "getsockname");
+        (owned, u16::from_be(addr.sin_port))
+    }
+}
+
 /// A local port nobody listens on (at the moment of asking).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
