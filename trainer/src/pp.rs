@@ -106,15 +106,9 @@ impl Layout {
 }
 
 /// This rank's units (stage `s` of `p`, part `r` of `t`) of the initial
-/// weights.
+/// weights (one unit whole at a time).
 pub fn init_state(cfg: &TrainConfig, r: usize, t: usize, s: usize, p: usize) -> TrainState {
-    let params: Vec<Vec<f32>> = model::init_units(&cfg.model, cfg.seed).collect();
-    let whole = TrainState {
-        step: 0,
-        moments: params.iter().map(|_| Moments::default()).collect(),
-        params,
-    };
-    shard_state(&cfg.model, &whole, r, t, s, p)
+    tp::init_units_of(cfg, r, t, stage_units(cfg.model.layers, s, p))
 }
 
 /// This rank's part of a whole state (a checkpoint of any layout).
@@ -126,17 +120,7 @@ pub fn shard_state(
     s: usize,
     p: usize,
 ) -> TrainState {
-    let units = stage_units(cfg.layers, s, p);
-    let mine = tp::shard_state(cfg, whole, r, t);
-    let moments = match mine.moments.is_empty() {
-        true => units.clone().map(|_| Moments::default()).collect(),
-        false => mine.moments[units.clone()].to_vec(),
-    };
-    TrainState {
-        step: whole.step,
-        params: mine.params[units].to_vec(),
-        moments,
-    }
+    tp::shard_units_of(cfg, whole, r, t, stage_units(cfg.layers, s, p))
 }
 
 /// The whole state from every rank's part (collective over the layout's

@@ -26,6 +26,7 @@ use crate::optim::Moments;
 use crate::train::{StepStats, TrainConfig, TrainError, TrainState};
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor};
 use oxccl::{Communicator, CoreCommunicator, ReduceOp};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -138,9 +139,23 @@ pub fn validate(cfg: &ModelConfig, t: usize) -> Result<(), TrainError> {
 
 /// This rank's part of the initial weights (one unit whole at a time).
 pub fn init_state(cfg: &TrainConfig, r: usize, t: usize) -> TrainState {
+    init_units_of(cfg, r, t, 0..cfg.model.layout().len())
+}
+
+/// [`init_state`] of the units `units` only (a pipeline stage's): every
+/// unit is drawn in turn (the seeded stream runs through all of them) and
+/// dropped unless it is one of them, so no rank holds the whole model.
+pub(crate) fn init_units_of(
+    cfg: &TrainConfig,
+    r: usize,
+    t: usize,
+    units: Range<usize>,
+) -> TrainState {
     let params: Vec<Vec<f32>> = model::init_units(&cfg.model, cfg.seed)
         .zip(cfg.model.layout())
-        .map(|(full, spec)| shard_unit(&spec, &full, r, t))
+        .enumerate()
+        .filter(|(u, _)| units.contains(u))
+        .map(|(_, (full, spec))| shard_unit(&spec, &full, r, t))
         .collect();
     let moments = params.iter().map(|_| Moments::default()).collect();
     TrainState {
@@ -153,25 +168,33 @@ pub fn init_state(cfg: &TrainConfig, r: usize, t: usize) -> TrainState {
 /// Rank `r`'s part of a whole state (a checkpoint of any run: single,
 /// DDP, or tensor-parallel at any `T`).
 pub fn shard_state(cfg: &ModelConfig, full: &TrainState, r: usize, t: usize) -> TrainState {
+    shard_units_of(cfg, full, r, t, 0..full.params.len())
+}
+
+/// [`shard_state`] of the units `units` only (a pipeline stage's).
+pub(crate) fn shard_units_of(
+    cfg: &ModelConfig,
+    full: &TrainState,
+    r: usize,
+    t: usize,
+    units: Range<usize>,
+) -> TrainState {
     let layout = cfg.layout();
-    let part = |units: &[Vec<f32>], u: usize| match units[u].is_empty() {
+    let part = |v: &[f32], u: usize| match v.is_empty() {
         true => Vec::new(), // moments before the first step
-        false => shard_unit(&layout[u], &units[u], r, t),
+        false => shard_unit(&layout[u], v, r, t),
     };
-    let (m, v): (Vec<Vec<f32>>, Vec<Vec<f32>>) = full
-        .moments
-        .iter()
-        .map(|x| (x.m.clone(), x.v.clone()))
-        .unzip();
+    let moments = |u: usize| match full.moments.get(u) {
+        Some(m) => Moments {
+            m: part(&m.m, u),
+            v: part(&m.v, u),
+        },
+        None => Moments::default(),
+    };
     TrainState {
         step: full.step,
-        params: (0..layout.len()).map(|u| part(&full.params, u)).collect(),
-        moments: (0..layout.len())
-            .map(|u| Moments {
-                m: part(&m, u),
-                v: part(&v, u),
-            })
-            .collect(),
+        params: units.clone().map(|u| part(&full.params[u], u)).collect(),
+        moments: units.map(moments).collect(),
     }
 }
 
