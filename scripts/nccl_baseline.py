@@ -27,6 +27,8 @@ def busbw(coll, n, algbw):
 
 def rank_main(rank, n, gpus, port, q):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # NCCL says why when it refuses or stalls (several ranks on one GPU).
+    os.environ.setdefault("NCCL_DEBUG", "WARN")
     torch.cuda.set_device(rank % gpus)
     try:
         dist.init_process_group("nccl", rank=rank, world_size=n)
@@ -71,16 +73,17 @@ def main():
     gpus = torch.cuda.device_count()
     print(f"torch {torch.__version__}, NCCL {torch.cuda.nccl.version()}, {gpus} GPU(s): {torch.cuda.get_device_name(0)}")
     ctx = mp.get_context("spawn")
-    for n in (2, 4):
+    ranks = [int(a) for a in sys.argv[1:]] or [2, 4]
+    for n in ranks:
         q = ctx.Queue()
         port = 29500 + n
         procs = [ctx.Process(target=rank_main, args=(r, n, gpus, port, q)) for r in range(n)]
         for p in procs:
             p.start()
         try:
-            print(q.get(timeout=40), flush=True)
+            print(q.get(timeout=30), flush=True)
         except Exception:
-            print(f"n={n}: no result within 40 s", flush=True)
+            print(f"n={n}: no result within 30 s", flush=True)
         for p in procs:
             p.join(timeout=5)
             if p.is_alive():

@@ -17,7 +17,9 @@
 use comm_core::compute::{Compute, Pending};
 use comm_core::mem::{DeviceKind, MemorySpace, Region};
 use comm_core::{DataType, Error, Result};
-use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream};
+use crate::held::any_stream_held;
+use crate::modules::Modules;
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use kernels::cuda::{self as k, DeviceOp, Dtype, Kernel, ReduceArgs, MAX_SOURCES};
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -29,10 +31,8 @@ pub struct CudaCompute {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     ordinal: u32,
-    /// `compute_<arch>` the kernels are compiled for (e.g. 90).
-    arch: u32,
     multiprocessors: u32,
-    modules: HashMap<Dtype, Arc<CudaModule>>,
+    modules: Arc<Modules>,
     functions: HashMap<Kernel, CudaFunction>,
     /// Work started and not yet seen complete, oldest first, each with
     /// the event recorded after it.
@@ -51,7 +51,15 @@ pub struct CudaCompute {
     /// one of their later sources are combined first.
     temp: DeviceMemory,
     staging: PinnedMemory,
+    /// Staging that outgrew `staging` while a stream was held (see
+    /// `crate::held`): plain host memory, which needs no CUDA call.
+    pageable: Vec<u64>,
 }
+
+/// Pinned staging made with the engine: the ring's slots at the default
+/// chunk (4 slots of 1 MiB each way), so queued calls at the default
+/// settings stage through pinned memory from their first call.
+const INITIAL_STAGING: usize = 8 << 20;
 
 impl CudaCompute {
     /// The engine of device `ordinal`, on its primary context. Fails with
@@ -90,13 +98,21 @@ impl CudaCompute {
         }
         // SAFETY: a fresh fd nobody else owns.
         let wake_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // Stream-ordered device memory never waits for the device; a
+        // device without memory pools falls back to `cuMemAlloc`.
+        let pools = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+            .map_err(|e| fail("reading whether it has memory pools", e))?
+            != 0;
+        let arch = (major * 10 + minor) as u32;
+        let mut staging = PinnedMemory::default();
+        staging.at_least(INITIAL_STAGING, ordinal)?;
         Ok(CudaCompute {
+            modules: Arc::new(Modules::new(ctx.clone(), arch, ordinal)),
             ctx,
             stream,
             ordinal,
-            arch: (major * 10 + minor) as u32,
             multiprocessors: multiprocessors.max(1) as u32,
-            modules: HashMap::new(),
             functions: HashMap::new(),
             inflight: VecDeque::new(),
             spare: Vec::new(),
@@ -105,9 +121,10 @@ impl CudaCompute {
             armed: 0,
             wake: Box::new(wake_fd.as_raw_fd()),
             _wake_fd: wake_fd,
-            workspace: DeviceMemory::default(),
-            temp: DeviceMemory::default(),
-            staging: PinnedMemory::default(),
+            workspace: DeviceMemory::new(pools),
+            temp: DeviceMemory::new(pools),
+            staging,
+            pageable: Vec::new(),
         })
     }
 
@@ -120,6 +137,11 @@ impl CudaCompute {
     /// The context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// The kernels this engine runs, for loading ahead of a queued call.
+    pub fn modules(&self) -> &Arc<Modules> {
+        &self.modules
     }
 
     /// The memory space of this engine's device.
@@ -170,21 +192,9 @@ impl CudaCompute {
     /// The kernel `kernel`, loading its element type's module at first use.
     fn function(&mut self, kernel: Kernel, dtype: Dtype) -> Result<&CudaFunction> {
         if !self.functions.contains_key(&kernel) {
-            if !self.modules.contains_key(&dtype) {
-                let ptx = k::ptx_for(dtype, self.arch).map_err(|e| match e {
-                    k::CudaError::Missing(m) => Error::Unsupported(m),
-                    other => Error::Device {
-                        device: format!("CUDA device {}", self.ordinal),
-                        detail: other.to_string(),
-                    },
-                })?;
-                let m = self
-                    .ctx
-                    .load_module(cudarc::nvrtc::Ptx::from_src(ptx.to_string()))
-                    .map_err(|e| self.fail("loading oxccl's kernels", e))?;
-                self.modules.insert(dtype, m);
-            }
-            let f = self.modules[&dtype]
+            let f = self
+                .modules
+                .load(dtype)?
                 .load_function(&kernel.name())
                 .map_err(|e| self.fail(&format!("finding kernel {}", kernel.name()), e))?;
             self.functions.insert(kernel, f);
@@ -367,10 +377,7 @@ impl Compute for CudaCompute {
             .skip(MAX_SOURCES)
             .any(|a| *a == dst.addr as u64);
         if late_alias {
-            if self.temp.len < dst.len {
-                self.quiesce()?;
-            }
-            let tmp = self.temp.at_least(dst.len, self.ordinal)?;
+            let tmp = self.temp.at_least(dst.len, &self.stream, self.ordinal)?;
             self.reduce_all(d, op, tmp, addrs, count)?;
             // SAFETY: `tmp` and `dst` are device memory of this context
             // holding `dst.len` bytes; they do not overlap.
@@ -452,10 +459,7 @@ impl Compute for CudaCompute {
 
     fn workspace(&mut self, bytes: usize) -> Result<Option<Region>> {
         let space = self.space();
-        if self.workspace.len < bytes.max(1) {
-            self.quiesce()?; // nothing may still use the old allocation
-        }
-        let addr = self.workspace.at_least(bytes, self.ordinal)?;
+        let addr = self.workspace.at_least(bytes, &self.stream, self.ordinal)?;
         Ok(Some(Region {
             space,
             addr: addr as usize,
@@ -464,8 +468,17 @@ impl Compute for CudaCompute {
     }
 
     fn staging(&mut self, bytes: usize) -> Result<Option<Region>> {
-        if self.staging.len < bytes.max(1) {
-            self.quiesce()?;
+        if self.staging.len < bytes.max(1) && any_stream_held() {
+            // Pinning more could wait for a held stream (see `held`):
+            // plain memory, whose copies the driver stages itself.
+            if self.pageable.len() * 8 < bytes {
+                self.pageable.resize(bytes.div_ceil(8), 0);
+            }
+            return Ok(Some(Region {
+                space: MemorySpace::Host,
+                addr: self.pageable.as_mut_ptr() as usize,
+                len: bytes,
+            }));
         }
         let addr = self.staging.at_least(bytes, self.ordinal)?;
         Ok(Some(Region {
@@ -482,71 +495,122 @@ impl Drop for CudaCompute {
         // and the fd they use go.
         let _ = self.ctx.bind_to_thread();
         let _ = self.stream.synchronize();
-        self.workspace.free();
-        self.temp.free();
+        self.workspace.free(&self.stream);
+        self.temp.free(&self.stream);
         self.staging.free();
+        let _ = self.stream.synchronize();
     }
 }
 
 /// Device memory the engine owns, grown on demand, kept between calls.
-#[derive(Default)]
+///
+/// Stream-ordered where the device has memory pools: allocated and freed
+/// on the engine's stream, after the work that used the old block, and
+/// never waiting for the device (a caller's stream may be held at a
+/// queued call's gate until this very call is over; see `crate::held`).
+/// Otherwise `cuMemAlloc`, and the outgrown block is retired rather than
+/// freed (`cuMemFree` waits for the device) until the engine goes; growth
+/// is by powers of two, so the retired blocks together are smaller than
+/// the live one.
 struct DeviceMemory {
+    pools: bool,
     ptr: u64,
     len: usize,
+    retired: Vec<u64>,
 }
 
 impl DeviceMemory {
+    fn new(pools: bool) -> DeviceMemory {
+        DeviceMemory {
+            pools,
+            ptr: 0,
+            len: 0,
+            retired: Vec::new(),
+        }
+    }
+
     /// At least `bytes` (at least one byte allocated, so the address is
-    /// real); grows by reallocating: the engine quiesces its stream first.
-    fn at_least(&mut self, bytes: usize, ordinal: u32) -> Result<u64> {
+    /// real), usable by work enqueued on `stream` from now on.
+    fn at_least(&mut self, bytes: usize, stream: &CudaStream, ordinal: u32) -> Result<u64> {
         if self.len < bytes.max(1) {
-            self.free();
             let want = bytes.max(1).next_power_of_two();
-            // SAFETY: an allocation of `want` bytes in the current context.
-            self.ptr = unsafe { result::malloc_sync(want) }
-                .map_err(|e| device_error(ordinal, &format!("allocating {want} bytes"), e))?;
+            let failed = |e| device_error(ordinal, &format!("allocating {want} bytes"), e);
+            let s = stream.cu_stream();
+            if self.pools {
+                if self.len > 0 {
+                    // SAFETY: allocated on this stream by `malloc_async`;
+                    // work that used it was enqueued before this free.
+                    unsafe { result::free_async(self.ptr, s) }.map_err(failed)?;
+                    self.len = 0;
+                }
+                // SAFETY: a stream-ordered allocation of `want` bytes.
+                self.ptr = unsafe { result::malloc_async(s, want) }.map_err(failed)?;
+            } else {
+                // SAFETY: an allocation of `want` bytes in the current context.
+                let ptr = unsafe { result::malloc_sync(want) }.map_err(failed)?;
+                if self.len > 0 {
+                    self.retired.push(self.ptr);
+                }
+                self.ptr = ptr;
+            }
             self.len = want;
         }
         Ok(self.ptr)
     }
 
-    fn free(&mut self) {
+    /// Free everything (the engine's stream has finished its work).
+    fn free(&mut self, stream: &CudaStream) {
         if self.len > 0 {
-            // SAFETY: allocated by `malloc_sync`, no work in flight uses it.
-            let _ = unsafe { result::free_sync(self.ptr) };
+            if self.pools {
+                // SAFETY: allocated on this stream by `malloc_async`.
+                let _ = unsafe { result::free_async(self.ptr, stream.cu_stream()) };
+            } else {
+                self.retired.push(self.ptr);
+            }
             self.len = 0;
+        }
+        for p in self.retired.drain(..) {
+            // SAFETY: allocated by `malloc_sync`, no work in flight uses it.
+            let _ = unsafe { result::free_sync(p) };
         }
     }
 }
 
 /// Pinned host memory (page-locked: the copy engines move it without a
-/// bounce), grown on demand.
+/// bounce), grown on demand like [`DeviceMemory`] (outgrown blocks retired,
+/// never freed while the engine runs).
 #[derive(Default)]
 struct PinnedMemory {
     ptr: usize,
     len: usize,
+    retired: Vec<usize>,
 }
 
 impl PinnedMemory {
     fn at_least(&mut self, bytes: usize, ordinal: u32) -> Result<usize> {
         if self.len < bytes.max(1) {
-            self.free();
             let want = bytes.max(1).next_power_of_two();
             // SAFETY: a page-locked host allocation of `want` bytes.
             let p = unsafe { result::malloc_host(want, 0) }.map_err(|e| {
                 device_error(ordinal, &format!("pinning {want} bytes of host memory"), e)
             })?;
-            self.ptr = p as usize;
-            self.len = want;
+            if self.len > 0 {
+                self.retired.push(self.ptr);
+            }
+            (self.ptr, self.len) = (p as usize, want);
         }
         Ok(self.ptr)
     }
 
+    /// Free everything (the engine's stream has finished its work).
     fn free(&mut self) {
         if self.len > 0 {
-            // SAFETY: allocated by `malloc_host`, no work in flight uses it.
-            let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+            self.retired.push(self.ptr);
             self.len = 0;
+        }
+        for p in self.retired.drain(..) {
+            // SAFETY: allocated by `malloc_host`, no work in flight uses it.
+            let _ = unsafe { result::free_host(p as *mut c_void) };
         }
     }
 }

@@ -12,11 +12,17 @@
 
 #[cfg(feature = "cuda")]
 mod engine;
+mod held;
+#[cfg(feature = "cuda")]
+mod modules;
 
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use engine::{device_dtype, CudaCompute};
+pub use held::{any_stream_held, HeldStream};
+#[cfg(feature = "cuda")]
+pub use modules::Modules;
 
 use comm_core::{Error, Result};
 

@@ -118,6 +118,36 @@ fn device_matrix_8_ranks_shm() {
     device_matrix(8, false)
 }
 
+/// The stream gate on its own: a held stream does not pass it until the
+/// host opens it, and passes promptly once opened (the device polls a
+/// word of pinned host memory).
+#[test]
+fn a_stream_gate_holds_a_stream_until_opened() {
+    if !gpu() {
+        return;
+    }
+    use oxccl::cuda::cudarc::driver::CudaContext;
+    use oxccl::cuda::StreamGate;
+    use std::time::{Duration, Instant};
+    let ctx = CudaContext::new(0).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let gate = StreamGate::new(&ctx).unwrap();
+    let value = gate.hold(&s).unwrap();
+    let passed = s.record_event(None).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!passed.is_complete(), "the stream ran past a closed gate");
+    gate.open(value);
+    let t = Instant::now();
+    while !passed.is_complete() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the stream did not pass the opened gate within 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!("the stream passed the gate {:?} after it opened", t.elapsed());
+}
+
 /// NCCL's stream semantics for queued calls: the call returns while the
 /// caller's stream is still held back (by a gate the test opens), the
 /// collective then runs after the stream's earlier work (the upload), and
@@ -135,12 +165,23 @@ fn a_queued_collective_returns_at_once_and_orders_with_the_stream() {
         let s = ctx.new_stream().map_err(|e| e.to_string())?;
         let gate = StreamGate::new(&ctx).map_err(|e| e.to_string())?;
         let n = 1 << 20;
+        // The upload comes from pinned memory: one from pageable memory
+        // stages through the driver's buffers and waits for the stream,
+        // which the gate holds (the test would deadlock itself).
+        // SAFETY: every element is written before the copy reads it.
+        let mut host = unsafe { ctx.alloc_pinned::<f32>(n) }.map_err(|e| e.to_string())?;
+        for (i, x) in host
+            .as_mut_slice()
+            .map_err(|e| e.to_string())?
+            .iter_mut()
+            .enumerate()
+        {
+            *x = (i % 5) as f32 + comm.rank() as f32;
+        }
+        let mut buf = s.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
         let held = gate.hold(&s).map_err(|e| e.to_string())?;
         // Queued behind the gate: nothing of this has run yet.
-        let host: Vec<f32> = (0..n)
-            .map(|i| (i % 5) as f32 + comm.rank() as f32)
-            .collect();
-        let buf = s.clone_htod(&host).map_err(|e| e.to_string())?;
+        s.memcpy_htod(&host, &mut buf).map_err(|e| e.to_string())?;
         let ptr = buf.device_ptr(&s).0;
         // SAFETY: `buf` lives until the stream is synchronised below.
         let work = unsafe {

@@ -24,7 +24,7 @@ use crate::algorithms::SHARED;
 use crate::call::Fingerprint;
 use crate::error::{Error, Result};
 use crate::mem::shared::SharedMaps;
-use crate::mem::{MemorySpace, Region};
+use crate::mem::Region;
 use crate::transport::{Mapped, PeerMemory, RemoteMemory};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -150,8 +150,10 @@ impl DirectCtx<'_> {
         let own = m.own.region();
         let off = mine.addr - own.addr;
         match m.peers.get(peer).and_then(|p| p.as_ref()) {
+            // The mapping's own space: host pages for shared memory, this
+            // rank's device for CUDA IPC (an engine checks what it reaches).
             Some(PeerMemory::Mapped(p)) => Ok(PeerSpan::Mapped(Region {
-                space: MemorySpace::Host,
+                space: p.region().space,
                 addr: p.region().addr + off,
                 len: mine.len,
             })),

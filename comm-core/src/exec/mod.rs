@@ -630,6 +630,14 @@ fn execute_with(
                     }
                     let (me, n) = (cx.rank, cx.nranks);
                     let first = (syncs_passed == 0).then_some((cx.fp, cx.seq));
+                    if first.is_some() && !arrived {
+                        // Peers read this rank's buffers once it arrives:
+                        // a device engine may still be waiting for the
+                        // caller's stream to finish writing them (a
+                        // stream-ordered call), so its queue drains first
+                        // (immediate for the CPU engine).
+                        compute.quiesce()?;
+                    }
                     let dx = direct_ctx(cx)?;
                     let target = dx.base.wrapping_add(syncs_passed + 1);
                     if !arrived {

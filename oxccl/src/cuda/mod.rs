@@ -43,6 +43,9 @@ pub struct Cuda<'c> {
     ctx: Arc<CudaContext>,
     /// The engine's stream (the engine itself lives in the communicator).
     engine: Arc<CudaStream>,
+    /// The engine's kernels: a queued call loads its element type's
+    /// before it holds the caller's stream (see `compute_cuda::held`).
+    modules: Arc<compute_cuda::Modules>,
     /// The gate queued calls hold their callers' streams at (made at the
     /// first queued call).
     gate: OnceLock<Arc<StreamGate>>,
@@ -72,11 +75,13 @@ impl<'c> Cuda<'c> {
 
     fn with_engine(comm: &'c Communicator, engine: CudaCompute) -> Result<Cuda<'c>> {
         let (ctx, stream) = (engine.context().clone(), engine.stream().clone());
+        let modules = engine.modules().clone();
         comm.add_compute(Box::new(engine))?;
         Ok(Cuda {
             comm,
             ctx,
             engine: stream,
+            modules,
             gate: OnceLock::new(),
         })
     }
@@ -306,11 +311,17 @@ impl<'c> Cuda<'c> {
             device: format!("CUDA device {}", self.ctx.ordinal()),
             detail: format!("{what}: {e}"),
         };
+        // Nothing that runs the call may wait for the whole device while
+        // the caller's stream is held: what could (loading the kernels) is
+        // done now, and the engine avoids the rest while the stream counts
+        // as held (see `compute_cuda::held`).
+        self.modules.load(compute_cuda::device_dtype(dtype))?;
         // Hold and queue under one lock: values open in hand-out order.
         let _order = gate.order.lock().unwrap();
         let ready = stream
             .record_event(None)
             .map_err(|e| fail("recording the caller's stream", e))?;
+        let held = compute_cuda::HeldStream::new();
         let value = gate.hold(stream)?;
         let engine = self.engine.clone();
         let ordinal = self.ctx.ordinal();
@@ -321,7 +332,10 @@ impl<'c> Cuda<'c> {
             })
         });
         let g = gate.clone();
-        let after = Box::new(move |_: &Result<()>| g.open(value));
+        let after = Box::new(move |_: &Result<()>| {
+            g.open(value);
+            drop(held);
+        });
         let (send, recv) = (
             send.map(|(p, n)| self.region(p, n)),
             self.region(recv.0, recv.1),
