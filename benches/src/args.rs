@@ -60,6 +60,11 @@ pub struct Args {
     /// 0 = forever.
     pub run_cycles: usize,
     pub np: Option<usize>,
+    /// `-t` and `-g`: this process runs `nthreads * ngpus` ranks (what
+    /// nccl-tests drives per process), one thread each, each on GPU
+    /// `local % gpus`.
+    pub nthreads: usize,
+    pub ngpus: usize,
     pub transport: Option<String>,
     pub algo: Option<String>,
     pub registered: bool,
@@ -93,6 +98,8 @@ impl Default for Args {
             json: None,
             run_cycles: 1,
             np: None,
+            nthreads: 1,
+            ngpus: 1,
             transport: None,
             algo: None,
             registered: false,
@@ -108,8 +115,9 @@ impl Default for Args {
 /// Usage text (`-h`).
 pub const USAGE: &str = "\
 USAGE: <collective>_perf
-  [-t,--nthreads <num threads>]          accepted for compatibility; must be 1
-  [-g,--ngpus <gpus per thread>]         accepted for compatibility; must be 1
+  [-t,--nthreads <num threads>]          ranks (threads) per process (default 1)
+  [-g,--ngpus <gpus per thread>]         ranks per thread (default 1): -t x -g ranks per process,
+                                         each a thread with its own communicator, on GPU local % gpus
   [-b,--minbytes <min size in bytes>]    K/M/G suffixes (default 32M)
   [-e,--maxbytes <max size in bytes>]    (default 32M)
   [-i,--stepbytes <increment size>]      (default 1M)
@@ -157,6 +165,11 @@ fn parse_num<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
 }
 
 impl Args {
+    /// Ranks this process runs (`-t` times `-g`).
+    pub fn ranks_per_process(&self) -> usize {
+        self.nthreads * self.ngpus
+    }
+
     /// Parse flags (`-b 8`, `--minbytes 8`, `--minbytes=8`).
     pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         let mut a = Args::default();
@@ -181,10 +194,16 @@ impl Args {
             match flag.as_str() {
                 "-h" | "--help" => return Err(USAGE.to_string()),
                 "-t" | "--nthreads" | "-g" | "--ngpus" => {
-                    if parse_num::<usize>(&flag, &val)? != 1 {
-                        return Err(format!(
-                            "{flag} must be 1: oxccl runs one rank per process (use --np)"
-                        ));
+                    let n: usize = parse_num(&flag, &val)?;
+                    if n == 0 || n > MAX_LOCAL_RANKS {
+                        return Err(format!("{flag}={n}: between 1 and {MAX_LOCAL_RANKS}"));
+                    }
+                    match flag.as_str() {
+                        "-t" | "--nthreads" => a.nthreads = n,
+                        _ => a.ngpus = n,
+                    }
+                    if a.ranks_per_process() > MAX_LOCAL_RANKS {
+                        return Err(format!("-t x -g: at most {MAX_LOCAL_RANKS} ranks per process"));
                     }
                 }
                 "-b" | "--minbytes" => a.min_bytes = parse_size(&flag, &val)?,
@@ -351,12 +370,20 @@ mod tests {
     }
 
     #[test]
+    fn threads_and_gpus_multiply_into_ranks_per_process() {
+        assert_eq!(p("").unwrap().ranks_per_process(), 1);
+        let a = p("-t 2 -g 3").unwrap();
+        assert_eq!((a.nthreads, a.ngpus, a.ranks_per_process()), (2, 3, 6));
+    }
+
+    #[test]
     fn bad_flags_are_errors() {
         assert!(p("-b 1G -e 1M").is_err());
         assert!(p("-d float128").is_err());
         assert!(p("-o xor").is_err());
         assert!(p("-a 7").is_err());
-        assert!(p("-g 2").is_err());
+        assert!(p("-g 0").is_err());
+        assert!(p("-t 64 -g 64").is_err());
         assert!(p("--bogus 1").is_err());
         assert!(p("-b").is_err());
         assert!(p("--algo spanning-tree").is_err());

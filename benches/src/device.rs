@@ -30,13 +30,10 @@ fn driver(e: oxccl::cuda::cudarc::driver::DriverError) -> Error {
 }
 
 impl<'c> Device<'c> {
-    pub fn new(comm: &'c Communicator) -> oxccl::Result<Device<'c>> {
+    /// `local`: the rank's index among its host's ranks.
+    pub fn new(comm: &'c Communicator, local: usize) -> oxccl::Result<Device<'c>> {
         oxccl::cuda::probe()?;
         let gpus = CudaContext::device_count().map_err(driver)?.max(1) as usize;
-        let local = oxccl::launch_env()
-            .ok()
-            .and_then(|e| e.local_rank)
-            .unwrap_or(comm.rank());
         let cuda = Cuda::attach(comm, local % gpus)?;
         let stream = cuda.context().new_stream().map_err(driver)?;
         Ok(Device { cuda, stream })

@@ -60,45 +60,103 @@ pub fn main(coll: Coll) -> i32 {
         );
         return 2;
     }
-    let comm = match connect(&args) {
-        Ok(c) => c,
+    let job = match Job::new(&args) {
+        Ok(j) => j,
         Err(e) => {
             eprintln!("{}: {e}", coll.program());
             return 1;
         }
     };
-    match run(coll, &args, &argv, &comm) {
-        Ok(0) => 0,
-        Ok(_) => 1,
-        Err(e) => {
-            eprintln!("{}: rank {}: {e}", coll.program(), comm.rank());
-            1
+    // One rank per thread (`-t`, `-g`); the exit code is the worst.
+    let rank = |i: usize| -> i32 {
+        let comm = match job.connect(i) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("{}: {e}", coll.program());
+                return 1;
+            }
+        };
+        match run(coll, &args, &argv, &comm, job.local(i)) {
+            Ok(0) => 0,
+            Ok(_) => 1,
+            Err(e) => {
+                eprintln!("{}: rank {}: {e}", coll.program(), comm.rank());
+                1
+            }
         }
+    };
+    match args.ranks_per_process() {
+        1 => rank(0),
+        n => std::thread::scope(|s| {
+            let threads: Vec<_> = (0..n).map(|i| s.spawn(move || rank(i))).collect();
+            threads
+                .into_iter()
+                .map(|t| t.join().unwrap_or(1))
+                .max()
+                .unwrap_or(0)
+        }),
     }
 }
 
-/// Join the job's communicator (or make a one-rank one when run alone).
-fn connect(args: &Args) -> oxccl::Result<Communicator> {
-    let mut cfg = Config::from_env()?;
-    if args.timeout > 0.0 {
-        cfg.timeout = Duration::from_secs_f64(args.timeout);
-    }
-    if let Some(t) = &args.transport {
-        cfg.transport = Some(t.clone());
-    }
-    if let Some(a) = &args.algo {
-        cfg.algo = Some(a.clone());
-    }
-    if launch::under_launcher() {
-        let env = oxccl::launch_env()?;
-        let id = env.root.into_id(env.rank, cfg.timeout)?;
-        Communicator::init_with_config(&id, env.rank, env.nranks, cfg)
-    } else {
-        if cfg.socket_ifname.is_none() {
-            cfg.socket_ifname = Some("lo".into());
+/// Where this process's ranks join: the launcher's job (its ranks times
+/// the ranks per process), or a job of this process alone.
+struct Job {
+    cfg: Config,
+    per_process: usize,
+    /// Under a launcher: its rank, rank count, local rank and root.
+    launched: Option<oxccl::LaunchEnv>,
+    /// Alone: the id its ranks share.
+    alone: Option<UniqueId>,
+}
+
+impl Job {
+    fn new(args: &Args) -> oxccl::Result<Job> {
+        let mut cfg = Config::from_env()?;
+        if args.timeout > 0.0 {
+            cfg.timeout = Duration::from_secs_f64(args.timeout);
         }
-        let id = UniqueId::with_config(&cfg)?;
-        Communicator::init_with_config(&id, 0, 1, cfg)
+        if let Some(t) = &args.transport {
+            cfg.transport = Some(t.clone());
+        }
+        if let Some(a) = &args.algo {
+            cfg.algo = Some(a.clone());
+        }
+        let (launched, alone) = match launch::under_launcher() {
+            true => (Some(oxccl::launch_env()?), None),
+            false => {
+                if cfg.socket_ifname.is_none() {
+                    cfg.socket_ifname = Some("lo".into());
+                }
+                (None, Some(UniqueId::with_config(&cfg)?))
+            }
+        };
+        Ok(Job {
+            cfg,
+            per_process: args.ranks_per_process(),
+            launched,
+            alone,
+        })
+    }
+
+    /// Join as this process's rank `i` (of `per_process`).
+    fn connect(&self, i: usize) -> oxccl::Result<Communicator> {
+        let per = self.per_process;
+        match (&self.launched, &self.alone) {
+            (Some(env), _) => {
+                let rank = env.rank * per + i;
+                let id = env.root.clone().into_id(rank, self.cfg.timeout)?;
+                Communicator::init_with_config(&id, rank, env.nranks * per, self.cfg.clone())
+            }
+            (None, Some(id)) => Communicator::init_with_config(id, i, per, self.cfg.clone()),
+            (None, None) => unreachable!("a job is launched or alone"),
+        }
+    }
+
+    /// The local rank of this process's rank `i` (which GPU it takes).
+    fn local(&self, i: usize) -> usize {
+        // A launcher that names no local rank: the rank, as before.
+        let process = self.launched.as_ref().map(|e| e.local_rank.unwrap_or(e.rank));
+        process.unwrap_or(0) * self.per_process + i
     }
 }
 
@@ -358,8 +416,8 @@ fn preamble(coll: Coll, args: &Args, comm: &Communicator, dev: Option<&Dev<'_>>)
         (args.step_bytes, "bytes")
     };
     s += &format!(
-        "# nThread 1 nGpus 1 minBytes {} maxBytes {} step: {step}({kind}) warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0 unalign: 0\n",
-        args.min_bytes, args.max_bytes, args.warmup_iters, args.iters, args.agg_iters, u8::from(args.check)
+        "# nThread {} nGpus {} minBytes {} maxBytes {} step: {step}({kind}) warmup iters: {} iters: {} agg iters: {} validation: {} graph: 0 unalign: 0\n",
+        args.nthreads, args.ngpus, args.min_bytes, args.max_bytes, args.warmup_iters, args.iters, args.agg_iters, u8::from(args.check)
     );
     if args.blocking {
         s += "# Blocking Enabled: wait for completion and barrier after each collective \n";
@@ -385,7 +443,14 @@ fn preamble(coll: Coll, args: &Args, comm: &Communicator, dev: Option<&Dev<'_>>)
 }
 
 /// Run the whole sweep; returns the total number of wrong elements.
-fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::Result<u64> {
+/// `local`: the rank's index among the ranks of its host (which GPU).
+fn run(
+    coll: Coll,
+    args: &Args,
+    argv: &[String],
+    comm: &Communicator,
+    local: usize,
+) -> oxccl::Result<u64> {
     let me = comm.rank();
     if coll.has_root() && args.root >= comm.nranks() {
         return Err(oxccl::Error::invalid(format!(
@@ -402,11 +467,14 @@ fn run(coll: Coll, args: &Args, argv: &[String], comm: &Communicator) -> oxccl::
     };
     #[cfg(feature = "cuda")]
     let dev = match args.mem {
-        args::Mem::Cuda => Some(device::Device::new(comm)?),
+        args::Mem::Cuda => Some(device::Device::new(comm, local)?),
         args::Mem::Host => None,
     };
     #[cfg(not(feature = "cuda"))]
-    let dev: Option<Dev<'_>> = None;
+    let dev: Option<Dev<'_>> = {
+        let _ = local;
+        None
+    };
     print(&preamble(coll, args, comm, dev.as_ref()));
     print(&report::header());
     let ops: Vec<ReduceOp> = if coll.has_op() {
