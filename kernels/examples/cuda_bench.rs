@@ -126,8 +126,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 3.0 * bytes as f64 / ms / 1e6
             );
         }
+        // Eight distinct sources (the same one eight times would be read
+        // once from memory and seven times from the caches).
+        let more = (0..6)
+            .map(|_| s.alloc_zeros::<u8>(bytes))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut srcs = vec![pa, pb];
+        for m in &more {
+            srcs.push(m.device_ptr(&s).0);
+        }
         let n = (bytes / 4) as u64;
-        let srcs = vec![pa; 8];
         let ms = launch(
             &cuda::kernel_name(Dtype::F32, DeviceOp::Sum),
             ReduceArgs::new(pd, &srcs, n, 1)?,
