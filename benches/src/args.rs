@@ -203,7 +203,9 @@ impl Args {
                         _ => a.ngpus = n,
                     }
                     if a.ranks_per_process() > MAX_LOCAL_RANKS {
-                        return Err(format!("-t x -g: at most {MAX_LOCAL_RANKS} ranks per process"));
+                        return Err(format!(
+                            "-t x -g: at most {MAX_LOCAL_RANKS} ranks per process"
+                        ));
                     }
                 }
                 "-b" | "--minbytes" => a.min_bytes = parse_size(&flag, &val)?,

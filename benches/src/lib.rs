@@ -155,7 +155,10 @@ impl Job {
     /// The local rank of this process's rank `i` (which GPU it takes).
     fn local(&self, i: usize) -> usize {
         // A launcher that names no local rank: the rank, as before.
-        let process = self.launched.as_ref().map(|e| e.local_rank.unwrap_or(e.rank));
+        let process = self
+            .launched
+            .as_ref()
+            .map(|e| e.local_rank.unwrap_or(e.rank));
         process.unwrap_or(0) * self.per_process + i
     }
 }

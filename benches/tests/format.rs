@@ -225,7 +225,9 @@ fn bad_flags_exit_2_with_a_message() {
 fn ranks_per_process_run_as_threads_and_check_exactly() {
     let (code, out, err) = run(
         Coll::AllReduce,
-        &["-g", "3", "-b", "8", "-e", "1M", "-f", "64", "-n", "2", "-o", "all"],
+        &[
+            "-g", "3", "-b", "8", "-e", "1M", "-f", "64", "-n", "2", "-o", "all",
+        ],
     );
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("# nThread 1 nGpus 3"), "{out}");
@@ -233,7 +235,9 @@ fn ranks_per_process_run_as_threads_and_check_exactly() {
     assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
     let (code, out, err) = run(
         Coll::AllGather,
-        &["--np", "2", "-t", "2", "-b", "4K", "-e", "64K", "-f", "4", "-n", "2"],
+        &[
+            "--np", "2", "-t", "2", "-b", "4K", "-e", "64K", "-f", "4", "-n", "2",
+        ],
     );
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.matches("#  Rank ").count(), 4, "{out}");

@@ -14,11 +14,11 @@
 //! oxccl's kernels, compiled by NVRTC for this device's architecture at
 //! first use of each element type (see `kernels::cuda`).
 
+use crate::held::any_stream_held;
+use crate::modules::Modules;
 use comm_core::compute::{Compute, Pending};
 use comm_core::mem::{DeviceKind, MemorySpace, Region};
 use comm_core::{DataType, Error, Result};
-use crate::held::any_stream_held;
-use crate::modules::Modules;
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaFunction, CudaStream};
 use kernels::cuda::{self as k, DeviceOp, Dtype, Kernel, ReduceArgs, MAX_SOURCES};
 use std::collections::{HashMap, VecDeque};

@@ -486,6 +486,74 @@ mod registered {
         });
     }
 
+    /// A direct access whose memory one rank cannot map (GPUs without
+    /// peer access, say): this stands in for the core's agreement only —
+    /// it labels host memory as device memory nothing here touches.
+    struct Unmappable {
+        refuses: bool,
+    }
+
+    struct Block(Vec<u64>);
+
+    impl comm_core::transport::Mapped for Block {
+        fn region(&self) -> oxccl::Region {
+            oxccl::Region {
+                space: oxccl::MemorySpace::Device {
+                    kind: oxccl::DeviceKind::Cuda,
+                    ordinal: 0,
+                },
+                addr: self.0.as_ptr() as usize,
+                len: self.0.len() * 8,
+            }
+        }
+    }
+
+    impl comm_core::transport::DirectAccess for Unmappable {
+        fn access(&self) -> comm_core::algorithms::Access {
+            comm_core::algorithms::Access::Mapped
+        }
+        fn export(
+            &self,
+            len: usize,
+        ) -> oxccl::Result<(Box<dyn comm_core::transport::Mapped>, Vec<u8>)> {
+            Ok((Box::new(Block(vec![0; len.div_ceil(8)])), vec![1]))
+        }
+        fn import(
+            &self,
+            peer: usize,
+            _: &[u8],
+            len: usize,
+        ) -> oxccl::Result<comm_core::transport::PeerMemory> {
+            match self.refuses {
+                true => Err(Error::Transport {
+                    peer,
+                    world_peer: peer,
+                    detail: format!("no peer access to rank {peer}'s device"),
+                }),
+                false => Ok(comm_core::transport::PeerMemory::Mapped(Box::new(Block(
+                    vec![0; len.div_ceil(8)],
+                )))),
+            }
+        }
+    }
+
+    #[test]
+    fn memory_one_rank_cannot_map_leaves_every_rank_to_messages() {
+        for refusing in [None, Some(2)] {
+            with_ranks(3, test_config(), |c| {
+                let access = std::sync::Arc::new(Unmappable {
+                    refuses: refusing == Some(c.rank()),
+                });
+                let b = c.alloc_shared_device::<f32>(1000, access).unwrap();
+                assert_eq!(b.is_zero_copy(), refusing.is_none(), "rank {}", c.rank());
+                // The communicator goes on.
+                let mut x = [1.0f32; 5];
+                c.all_reduce_in_place(&mut x, ReduceOp::Sum).unwrap();
+                assert_eq!(x, [3.0; 5]);
+            });
+        }
+    }
+
     #[test]
     fn mismatched_allocation_sizes_are_an_argument_error() {
         with_ranks(2, test_config(), |c| {

@@ -145,7 +145,10 @@ fn a_stream_gate_holds_a_stream_until_opened() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-    eprintln!("the stream passed the gate {:?} after it opened", t.elapsed());
+    eprintln!(
+        "the stream passed the gate {:?} after it opened",
+        t.elapsed()
+    );
 }
 
 /// NCCL's stream semantics for queued calls: the call returns while the

@@ -34,6 +34,53 @@ impl CudaIpc {
             detail: format!("{what}: {e}"),
         }
     }
+
+    /// This device's PCI bus id, NUL-padded.
+    fn bus_id(&self) -> Result<[u8; 16]> {
+        let mut id = [0u8; 16];
+        // SAFETY: writes at most 15 characters and a NUL into `id`.
+        unsafe { sys::cuDeviceGetPCIBusId(id.as_mut_ptr() as *mut _, 15, self.ctx.cu_device()) }
+            .result()
+            .map_err(|e| self.fail("reading its PCI bus id".into(), e))?;
+        Ok(id)
+    }
+
+    /// Whether this device reads and writes the memory of the device
+    /// `bus_id` names: the same device, or a peer `cuDeviceCanAccessPeer`
+    /// allows. `Err` says why not (not visible here, no peer access).
+    fn reaches(&self, peer: usize, h: &IpcHandle) -> Result<()> {
+        let unreachable = |why: String| Error::Transport {
+            peer,
+            world_peer: peer,
+            detail: format!(
+                "rank {peer}'s GPU {} {why} from this rank's GPU {}",
+                h.bus_id(),
+                self.ordinal
+            ),
+        };
+        let mut c_id = h.bus_id;
+        c_id[15] = 0;
+        let mut theirs: sys::CUdevice = 0;
+        // SAFETY: `c_id` is NUL-terminated; the driver writes one CUdevice.
+        unsafe { sys::cuDeviceGetByPCIBusId(&mut theirs, c_id.as_ptr() as *const _) }
+            .result()
+            .map_err(|e| unreachable(format!("is not visible ({e})")))?;
+        let mine = self.ctx.cu_device();
+        if theirs == mine {
+            return Ok(());
+        }
+        let mut can = 0;
+        // SAFETY: two valid devices; the driver writes one int.
+        unsafe { sys::cuDeviceCanAccessPeer(&mut can, mine, theirs) }
+            .result()
+            .map_err(|e| self.fail("asking for peer access".into(), e))?;
+        match can {
+            0 => Err(unreachable(
+                "has no peer access (cuDeviceCanAccessPeer)".into(),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Memory this rank allocated and exported; freed when dropped.
@@ -127,6 +174,7 @@ impl DirectAccess for CudaIpc {
         let handle = IpcHandle {
             pid: std::process::id(),
             ordinal: self.ordinal,
+            bus_id: self.bus_id()?,
             addr: ptr,
             len: len as u64,
             driver,
@@ -163,6 +211,9 @@ impl DirectAccess for CudaIpc {
         self.ctx
             .bind_to_thread()
             .map_err(|e| self.fail("binding its context".into(), e))?;
+        // Another GPU without peer access: refused here, so that every
+        // rank agrees to stage this buffer's collectives instead.
+        self.reaches(peer, &h)?;
         let mut driver = sys::CUipcMemHandle { reserved: [0; 64] };
         for (d, b) in driver.reserved.iter_mut().zip(h.driver) {
             *d = b as _;

@@ -14,8 +14,14 @@
 //! `Sync` phases through the host's shared flag pages. Data never passes
 //! through the host. This crate only maps memory: it moves no bytes.
 //!
-//! The handle ([`IpcHandle`], 96 bytes) is (magic, pid, device ordinal,
-//! address, length, the driver's 64 bytes), decoded totally.
+//! Ranks on different GPUs map each other's memory only where
+//! `cuDeviceCanAccessPeer` allows (NVLink, or PCIe peer access); where it
+//! does not, the import fails and the core agrees on every rank to run the
+//! buffer's collectives through staging instead.
+//!
+//! The handle ([`IpcHandle`], 112 bytes) is (magic, pid, device ordinal,
+//! the device's PCI bus id, address, length, the driver's 64 bytes),
+//! decoded totally.
 
 #[cfg(feature = "cuda")]
 mod ipc;
@@ -29,6 +35,9 @@ pub struct IpcHandle {
     pub pid: u32,
     /// Its device.
     pub ordinal: u32,
+    /// Its device's PCI bus id (`cuDeviceGetPCIBusId`, NUL-padded): how a
+    /// peer whose device numbering differs finds that device.
+    pub bus_id: [u8; 16],
     /// The allocation's address in the exporting process.
     pub addr: u64,
     /// Bytes exported.
@@ -40,7 +49,7 @@ pub struct IpcHandle {
 const MAGIC: &[u8; 8] = b"oxccl-ip";
 
 /// Encoded length of a handle.
-pub const HANDLE_LEN: usize = 8 + 4 + 4 + 8 + 8 + 64;
+pub const HANDLE_LEN: usize = 8 + 4 + 4 + 16 + 8 + 8 + 64;
 
 impl IpcHandle {
     pub fn encode(&self) -> Vec<u8> {
@@ -48,6 +57,7 @@ impl IpcHandle {
         v.extend_from_slice(MAGIC);
         v.extend_from_slice(&self.pid.to_le_bytes());
         v.extend_from_slice(&self.ordinal.to_le_bytes());
+        v.extend_from_slice(&self.bus_id);
         v.extend_from_slice(&self.addr.to_le_bytes());
         v.extend_from_slice(&self.len.to_le_bytes());
         v.extend_from_slice(&self.driver);
@@ -64,11 +74,18 @@ impl IpcHandle {
         let h = IpcHandle {
             pid: u32_at(8),
             ordinal: u32_at(12),
-            addr: u64_at(16),
-            len: u64_at(24),
-            driver: b[32..96].try_into().unwrap(),
+            bus_id: b[16..32].try_into().unwrap(),
+            addr: u64_at(32),
+            len: u64_at(40),
+            driver: b[48..112].try_into().unwrap(),
         };
         (h.pid != 0 && h.addr != 0 && h.len != 0).then_some(h)
+    }
+
+    /// The bus id as text (up to its first NUL).
+    pub fn bus_id(&self) -> &str {
+        let end = self.bus_id.iter().position(|b| *b == 0).unwrap_or(16);
+        std::str::from_utf8(&self.bus_id[..end]).unwrap_or("?")
     }
 }
 
@@ -81,6 +98,7 @@ mod tests {
         let h = IpcHandle {
             pid: 42,
             ordinal: 3,
+            bus_id: *b"0000:00:06.0\0\0\0\0",
             addr: 0x7f00_0000_1000,
             len: 1 << 20,
             driver: [7; 64],
@@ -88,6 +106,7 @@ mod tests {
         let b = h.encode();
         assert_eq!(b.len(), HANDLE_LEN);
         assert_eq!(IpcHandle::decode(&b), Some(h));
+        assert_eq!(h.bus_id(), "0000:00:06.0");
         // Every truncation, extension and single-byte change of the magic
         // or of a field that may not be zero is refused.
         for n in 0..b.len() {
@@ -101,7 +120,7 @@ mod tests {
             bad[i] ^= 1;
             assert_eq!(IpcHandle::decode(&bad), None, "magic byte {i}");
         }
-        for (at, n) in [(8, 4), (16, 8), (24, 8)] {
+        for (at, n) in [(8, 4), (32, 8), (40, 8)] {
             let mut zero = b.clone();
             zero[at..at + n].fill(0);
             assert_eq!(IpcHandle::decode(&zero), None, "zero field at {at}");

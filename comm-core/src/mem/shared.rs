@@ -299,23 +299,44 @@ impl Communicator {
                 )));
             }
         }
-        let zero_copy = n > 1 && (0..n).all(|k| record(k)[8] == 1);
+        let mut zero_copy = n > 1 && (0..n).all(|k| record(k)[8] == 1);
         let mut peers: Vec<Option<PeerMemory>> = (0..n).map(|_| None).collect();
         let mut flag_peers: Vec<Option<Box<dyn Mapped>>> = (0..n).map(|_| None).collect();
         if let (true, Some(d)) = (zero_copy, &direct) {
-            for k in (0..n).filter(|k| *k != me) {
-                peers[k] = Some(d.import(k, get_handle(record(k), 9, k)?, bytes)?);
-                if let (true, Some(h)) = (need_flags, &host) {
-                    let handle = get_handle(record(k), 10 + HANDLE_MAX, k)?;
-                    flag_peers[k] = match h.import(k, handle, FLAG_PAGE)? {
-                        PeerMemory::Mapped(m) => Some(m),
-                        PeerMemory::Remote(_) => {
-                            return Err(Error::Protocol(format!(
-                                "rank {k}'s phase flags are not mappable though its memory is"
-                            )))
-                        }
-                    };
+            // A peer's memory this rank cannot map (GPUs without peer
+            // access, ranks of different users) leaves the buffer to
+            // messages on every rank alike: whether all mapped is agreed.
+            let mapped_all = (|| -> Result<()> {
+                for k in (0..n).filter(|k| *k != me) {
+                    peers[k] = Some(d.import(k, get_handle(record(k), 9, k)?, bytes)?);
+                    if let (true, Some(h)) = (need_flags, &host) {
+                        let handle = get_handle(record(k), 10 + HANDLE_MAX, k)?;
+                        flag_peers[k] = match h.import(k, handle, FLAG_PAGE)? {
+                            PeerMemory::Mapped(m) => Some(m),
+                            PeerMemory::Remote(_) => {
+                                return Err(Error::Protocol(format!(
+                                    "rank {k}'s phase flags are not mappable though its memory is"
+                                )))
+                            }
+                        };
+                    }
                 }
+                Ok(())
+            })();
+            let mut oks = vec![0u8; n];
+            self.all_gather(&[u8::from(mapped_all.is_ok())], &mut oks)?;
+            if let Some(k) = oks.iter().position(|ok| *ok == 0) {
+                match &mapped_all {
+                    Err(e) => tracing::warn!(
+                        "oxccl: alloc_shared: {e}; collectives on this buffer exchange messages"
+                    ),
+                    Ok(()) => tracing::warn!(
+                        "oxccl: alloc_shared: rank {k} cannot map its peers' memory; collectives on this buffer exchange messages"
+                    ),
+                }
+                zero_copy = false;
+                peers.iter_mut().for_each(|p| *p = None);
+                flag_peers.iter_mut().for_each(|p| *p = None);
             }
         }
         // For zero-copy sends to other hosts (RDMA). Optional: memory that
