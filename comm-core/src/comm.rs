@@ -86,6 +86,8 @@ pub(crate) struct Inner {
     /// The algorithm of the last collective that ran (its name).
     /// (Its position in `algorithms::REGISTRY` plus one; 0: none yet.)
     pub(crate) last_algorithm: AtomicUsize,
+    /// The last calls, always on (see `crate::flight`).
+    pub(crate) flight: Arc<crate::flight::FlightRecorder>,
     pub(crate) worker: Worker,
     /// Sends and receives: links and a thread of their own.
     pub(crate) lane: Lane,
@@ -110,6 +112,9 @@ pub(crate) struct State {
     monitored: u64,
     /// The running call's own deadline, when its handle sets one.
     call_timeout: Option<Duration>,
+    /// When the call about to run was issued, for a queued one (its
+    /// closure waited on the worker); the flight recorder's `issued`.
+    issued: Option<Instant>,
     /// Shared flag pages of this host's ranks (at creation when all ranks
     /// share one host, else at the first `alloc_shared`).
     pub(crate) flags: Option<SyncFlags>,
@@ -511,6 +516,17 @@ impl Communicator {
             links = per_transport.join(" "),
             "oxccl communicator ready"
         );
+        let flight = Arc::new(crate::flight::FlightRecorder::new(config.flight_calls));
+        crate::flight::register(
+            crate::flight::Dumper {
+                comm: id.comm_id(),
+                rank,
+                nranks,
+                world_rank: world[rank],
+                host: peers[rank].hostname.clone(),
+            },
+            &flight,
+        );
         let comm = Communicator {
             inner: ManuallyDrop::new(Arc::new(Inner {
                 rank,
@@ -539,6 +555,7 @@ impl Communicator {
                     seq: 0,
                     monitored: 0,
                     call_timeout: None,
+                    issued: None,
                 }),
                 sender: Mutex::new(sender),
                 next_ticket: AtomicU64::new(0),
@@ -551,6 +568,7 @@ impl Communicator {
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
                 last_algorithm: AtomicUsize::new(0),
+                flight,
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
                 direct,
@@ -718,13 +736,28 @@ impl Communicator {
     /// (`ring`, `oneshot`, `direct`, ...; see `algorithms::REGISTRY`), or
     /// `None` before the first one.
     pub fn last_algorithm(&self) -> Option<&'static str> {
-        let i = self.inner.last_algorithm.load(Ordering::Relaxed);
-        if i == SMALL_PATH {
-            return Some("small");
+        match self.inner.last_algorithm.load(Ordering::Relaxed) {
+            0 => None,
+            i => Some(algorithm_name(i)),
         }
-        i.checked_sub(1)
-            .and_then(|i| algorithms::REGISTRY.get(i))
-            .map(|a| a.name())
+    }
+
+    /// The last calls of this communicator, oldest first (at most
+    /// `Config::flight_calls`; see `crate::flight`): what each was, its
+    /// algorithm, when it was issued, started and ended, how it ended and,
+    /// for one still running, which peers it waits for.
+    pub fn recent_calls(&self) -> Vec<crate::flight::CallRecord> {
+        self.inner.flight.recent()
+    }
+
+    /// Write this communicator's flight recorder into `dir` now (as a
+    /// failed call does into `OXCCL_FLIGHT_DIR`); the file's path.
+    pub fn dump_recent_calls(
+        &self,
+        dir: &std::path::Path,
+        reason: &str,
+    ) -> Result<std::path::PathBuf> {
+        self.inner.dump_flight(dir, reason)
     }
 
     /// The error that poisoned this communicator, if any.
@@ -985,7 +1018,7 @@ impl Communicator {
     pub(crate) fn run<R>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
         self.check_deadline()?;
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
-        self.inner.run_ticket(ticket, self.timeout, f)
+        self.inner.run_ticket(ticket, self.timeout, None, f)
     }
 
     /// Queue `f` on the worker thread; it runs in issue order.
@@ -1000,9 +1033,10 @@ impl Communicator {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         let inner = Arc::clone(&self.inner);
         let timeout = self.timeout;
+        let issued = Some(Instant::now());
         self.inner
             .worker
-            .submit(call, move || inner.run_ticket(ticket, timeout, f))
+            .submit(call, move || inner.run_ticket(ticket, timeout, issued, f))
     }
 }
 
@@ -1018,10 +1052,50 @@ const PAGES_RECORD: usize = 3 * HANDLE_RECORD;
 /// `last_algorithm`'s value for the small-message path (not a schedule).
 pub(crate) const SMALL_PATH: usize = usize::MAX;
 
+/// The name behind a `last_algorithm` value (`?` for none).
+fn algorithm_name(i: usize) -> &'static str {
+    if i == SMALL_PATH {
+        return "small";
+    }
+    i.checked_sub(1)
+        .and_then(|i| algorithms::REGISTRY.get(i))
+        .map_or("?", |a| a.name())
+}
+
 impl Inner {
+    /// Who this communicator's flight dumps say wrote them.
+    pub(crate) fn dumper(&self) -> crate::flight::Dumper {
+        crate::flight::Dumper {
+            comm: self.comm_id,
+            rank: self.rank,
+            nranks: self.nranks,
+            world_rank: self.world[self.rank],
+            host: self.peers[self.rank].hostname.clone(),
+        }
+    }
+
+    /// Write the flight recorder into `dir`.
+    pub(crate) fn dump_flight(
+        &self,
+        dir: &std::path::Path,
+        reason: &str,
+    ) -> Result<std::path::PathBuf> {
+        self.flight.dump(dir, &self.dumper(), reason).map_err(|e| {
+            Error::System(format!(
+                "writing the flight recorder into {}: {e}",
+                dir.display()
+            ))
+        })
+    }
+
     fn abort(&self) {
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
+        }
+        if let Some(dir) = &self.config.flight_dir {
+            if let Err(d) = self.dump_flight(dir, "aborted (Communicator::abort)") {
+                tracing::warn!("oxccl: {d}");
+            }
         }
         crate::sys::signal(self.abort_fd.as_raw_fd());
         self.lane.wake();
@@ -1122,6 +1196,7 @@ impl Inner {
         &self,
         ticket: u64,
         timeout: Option<Duration>,
+        issued: Option<Instant>,
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
         self.wait_turn(ticket)?;
@@ -1130,9 +1205,17 @@ impl Inner {
             None => {
                 let mut st = self.state.lock().unwrap();
                 st.call_timeout = timeout;
+                st.issued = issued;
                 // Errors leave in the job's numbering too.
                 let r = f(self, &mut st).map_err(|e| e.in_world(&self.world, &self.peers));
+                st.issued = None;
                 if let Err(e) = &r {
+                    // Every survivor of a failure leaves its account.
+                    if let Some(dir) = &self.config.flight_dir {
+                        if let Err(d) = self.dump_flight(dir, &e.to_string()) {
+                            tracing::warn!("oxccl: {d}");
+                        }
+                    }
                     if !e.is_local() {
                         st.net.close_all();
                         drop(st);
@@ -1164,6 +1247,31 @@ impl Inner {
         let engine = st.net.engine_for(bufs)?;
         let seq = st.seq;
         st.seq += 1;
+        self.flight_start(st, seq, fp);
+        let r = self.execute_seq(st, fp, seq, engine, sched, bufs, direct);
+        self.flight.end(seq, r.as_ref().map(|_| ()));
+        r
+    }
+
+    /// The flight recorder's record of call `seq` starts (issued when its
+    /// queued closure was submitted, else now).
+    fn flight_start(&self, st: &mut State, seq: u64, fp: Fingerprint) {
+        let issued = st.issued.take().unwrap_or_else(Instant::now);
+        let i = self.last_algorithm.load(Ordering::Relaxed);
+        self.flight.start(seq, fp, algorithm_name(i), issued);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute_seq(
+        &self,
+        st: &mut State,
+        fp: Fingerprint,
+        seq: u64,
+        engine: usize,
+        sched: &Schedule,
+        bufs: &[Region],
+        direct: bool,
+    ) -> Result<()> {
         let _span = tracing::debug_span!("collective", seq, kind = fp.kind.name(), count = fp.count, dtype = %fp.dtype).entered();
         // Direct steps need the peers' memory of the call's registered
         // buffers, and mapped access the flag pages. (Every rank of a
@@ -1218,6 +1326,23 @@ impl Inner {
     ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
+        self.flight_start(st, seq, fp);
+        let r = self.execute_small_seq(st, fp, seq, call, ids, input, output);
+        self.flight.end(seq, r.as_ref().map(|_| ()));
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute_small_seq(
+        &self,
+        st: &mut State,
+        fp: Fingerprint,
+        seq: u64,
+        call: executor::small::SmallCall,
+        ids: u64,
+        input: Region,
+        output: Region,
+    ) -> Result<()> {
         // Described with its registered buffers, as it publishes itself.
         let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, ids)?;
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
@@ -1299,6 +1424,7 @@ impl Inner {
             aborted: &self.aborted,
             direct,
             ids,
+            flight: &self.flight,
         }
     }
 

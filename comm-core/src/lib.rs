@@ -24,6 +24,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod exec;
+pub mod flight;
 pub mod fuzz;
 pub mod group;
 mod lane;

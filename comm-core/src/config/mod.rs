@@ -61,6 +61,12 @@ pub struct Config {
     /// `oxccl-sim` predicts fastest for its shape on this job's hosts;
     /// without, the registry's rules decide.
     pub tuner: Option<oxccl_sim::Model>,
+    /// Calls the flight recorder keeps (`OXCCL_FLIGHT_CALLS`, default 256;
+    /// 0 keeps none). See `crate::flight`.
+    pub flight_calls: usize,
+    /// Where a failed call writes the flight recorder's dump
+    /// (`OXCCL_FLIGHT_DIR`; unset: nowhere).
+    pub flight_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for Config {
@@ -79,6 +85,8 @@ impl Default for Config {
             oneshot_bytes: 16 << 10,
             stage_always: false,
             tuner: None,
+            flight_calls: crate::flight::DEFAULT_CALLS,
+            flight_dir: None,
         }
     }
 }
@@ -118,6 +126,10 @@ impl Config {
         if let Some(p) = vars::text("OXCCL_TUNER_PROFILE")? {
             c.tuner = Some(vars::profile("OXCCL_TUNER_PROFILE", &p)?);
         }
+        if let Some(n) = vars::count("OXCCL_FLIGHT_CALLS")? {
+            c.flight_calls = n;
+        }
+        c.flight_dir = vars::text("OXCCL_FLIGHT_DIR")?.map(Into::into);
         c.transport = vars::choice("OXCCL_TRANSPORT")?
             .filter(|t| *t != "auto")
             .map(String::from);
@@ -164,6 +176,7 @@ impl Config {
         numbers("OXCCL_BUFFSIZE", self.chunk_bytes, "chunk_bytes")?;
         numbers("OXCCL_SOCKET_BUFFER", self.socket_buffer, "socket_buffer")?;
         numbers("OXCCL_ONESHOT_BYTES", self.oneshot_bytes, "oneshot_bytes")?;
+        numbers("OXCCL_FLIGHT_CALLS", self.flight_calls, "flight_calls")?;
         if let Some(a) = &self.algo {
             if algorithms::find(a).is_none() {
                 return Err(Error::Config(format!(

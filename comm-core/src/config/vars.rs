@@ -103,6 +103,19 @@ pub const VARS: &[Var] = &[
         what: "trials of the long fault harness (testing)",
     },
     Var {
+        name: "OXCCL_FLIGHT_CALLS",
+        kind: Kind::Count {
+            min: 0,
+            max: 1 << 20,
+        },
+        what: "calls the flight recorder keeps per communicator (default 256; 0: none)",
+    },
+    Var {
+        name: "OXCCL_FLIGHT_DIR",
+        kind: Kind::Text,
+        what: "folder a failed call writes its communicator's flight recorder into (flight-COMM-rankR.json)",
+    },
+    Var {
         name: "OXCCL_FUZZ_ITERS",
         kind: Kind::Count {
             min: 0,

@@ -68,9 +68,18 @@ pub(crate) struct CallCtx<'a> {
     /// The ids of the call's registered buffers as it publishes them (0:
     /// none): message headers carry them, mismatch reports show them.
     pub ids: u64,
+    /// The communicator's flight recorder: a wait that goes to sleep
+    /// names the peers it waits for there.
+    pub flight: &'a crate::flight::FlightRecorder,
 }
 
 impl CallCtx<'_> {
+    /// This call goes to sleep waiting for `peers` (the flight recorder's
+    /// record of it says so).
+    pub(super) fn sleeps_on(&self, peers: impl IntoIterator<Item = usize>) {
+        self.flight.waiting(self.seq, peers);
+    }
+
     /// How this rank describes its call in mismatch reports: exactly as
     /// it publishes it (with the registered buffers of a direct call), so a
     /// relayed report is matched to the right side.

@@ -986,6 +986,16 @@ fn wait(
             cx.during
         )));
     }
+    // The peers it sleeps on (each once), for the flight recorder.
+    let waited = chans.iter().enumerate().filter_map(|(i, c)| {
+        let (r, w) = wants(c);
+        let first = !chans[..i].iter().any(|o| o.peer == c.peer && {
+            let (r, w) = wants(o);
+            r || w
+        });
+        ((r || w) && first).then_some(c.peer)
+    });
+    cx.sleeps_on(waited.chain(waits.remote.iter().map(|r| r.1)));
     pollfds.push(libc::pollfd {
         fd: cx.control.fd(),
         events: libc::POLLIN,
@@ -1073,6 +1083,7 @@ fn sync_sleep(cx: &mut CallCtx<'_>, sleep: &Sleep, peer: usize, target: u32) -> 
             )
         }));
     }
+    cx.sleeps_on([peer]);
     direct::sleep_on(direct_ctx(cx)?, peer, target)?;
     cx.after_slice(peer)
 }

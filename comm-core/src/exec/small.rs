@@ -515,6 +515,7 @@ fn wait_for(
         let slice = match registered {
             Some(_) => SLEEP_SLICE,
             None => {
+                cx.sleeps_on([k]);
                 sleepers.fetch_add(1, Ordering::SeqCst);
                 registered = Some(Registered(sleepers));
                 FIRST_SLICE
