@@ -29,6 +29,9 @@ use std::time::{Duration, Instant};
 /// Run benchmark `coll` with this process's arguments; returns the exit code.
 pub fn main(coll: Coll) -> i32 {
     oxccl::init_logging();
+    if let Err(e) = oxccl::dump_flight_on_sigusr1() {
+        eprintln!("{}: {e}", coll.program());
+    }
     let argv: Vec<String> = std::env::args().collect();
     let args = match Args::parse(argv[1..].iter().cloned()) {
         Ok(a) => a,

@@ -166,7 +166,10 @@ impl FlightRecorder {
     /// Microseconds since the epoch at `t`.
     fn wall_us(&self, t: Instant) -> i128 {
         let (i0, w0) = self.anchor;
-        let base = w0.duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as i128;
+        let base = w0
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros() as i128;
         match t.checked_duration_since(i0) {
             Some(d) => base + d.as_micros() as i128,
             None => base - i0.duration_since(t).as_micros() as i128,
@@ -326,7 +329,10 @@ mod tests {
         assert_eq!(r[2].state, CallState::Running);
         assert_eq!(r[2].waiting(), [2, 5, 6, 7]);
         assert_eq!(r[2].waiting_total, 6);
-        f.end(4, Err(&Error::InvalidArgument("a \"quoted\"\nreason".into())));
+        f.end(
+            4,
+            Err(&Error::InvalidArgument("a \"quoted\"\nreason".into())),
+        );
         let who = Dumper {
             comm: 7,
             rank: 1,
@@ -337,7 +343,10 @@ mod tests {
         let j = f.to_json(&who, "test");
         assert!(j.contains("\"state\": \"failed\""), "{j}");
         assert!(j.contains("\\\"quoted\\\"\\nreason"), "{j}");
-        assert!(j.contains("\"waiting_for\": [2, 5, 6, 7], \"waiting_total\": 6"), "{j}");
+        assert!(
+            j.contains("\"waiting_for\": [2, 5, 6, 7], \"waiting_total\": 6"),
+            "{j}"
+        );
     }
 
     #[test]

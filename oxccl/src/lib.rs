@@ -24,7 +24,7 @@
 
 pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
-pub use comm_core::{algorithms, compute, schedule, sim, transport};
+pub use comm_core::{algorithms, compute, flight, schedule, sim, transport};
 pub use comm_core::{
     as_bytes, as_bytes_mut, bf16, f16, Buffer, BufferMut, Compute, Config, DataType, DeviceKind,
     DeviceSharedBuffer, Element, Error, Group, HostCompute, MemoryRegistration, MemorySpace,
@@ -174,6 +174,48 @@ fn rdma_transport(forced: bool) -> Result<Option<Arc<dyn comm_core::transport::T
         ));
     }
     Ok(None)
+}
+
+/// The flight recorder (see [`flight`]) of every live communicator of
+/// this process written into `OXCCL_FLIGHT_DIR` (else the working folder)
+/// whenever the process gets `SIGUSR1` — `kill -USR1 PID` on a job that
+/// seems stuck. This installs signal handling, so only a program calls it
+/// (oxccl's binaries do), first thing in `main`, before it starts threads:
+/// `SIGUSR1` is blocked in the calling thread (and the threads it starts
+/// later) and taken by a thread of its own, which writes the files (a
+/// signal handler could not).
+pub fn dump_flight_on_sigusr1() -> Result<()> {
+    // SAFETY: a signal set built and used locally; pthread_sigmask only
+    // changes this thread's mask.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(Error::System("blocking SIGUSR1".into()));
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("oxccl-sigusr1".into())
+        .spawn(move || loop {
+            let mut sig = 0;
+            // SAFETY: waits for a signal of `set`, blocked in every thread.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                return;
+            }
+            let dir = std::env::var_os("OXCCL_FLIGHT_DIR").unwrap_or_else(|| ".".into());
+            match flight::dump_all(std::path::Path::new(&dir), "SIGUSR1") {
+                Ok(files) => {
+                    for f in files {
+                        eprintln!("oxccl: flight recorder written to {}", f.display());
+                    }
+                }
+                Err(e) => eprintln!("oxccl: SIGUSR1: writing the flight recorder: {e}"),
+            }
+        })
+        .map_err(|e| Error::System(format!("cannot start the SIGUSR1 thread: {e}")))?;
+    Ok(())
 }
 
 /// Print oxccl's logs to stderr: a global `tracing` subscriber filtered by

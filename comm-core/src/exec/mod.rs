@@ -989,9 +989,11 @@ fn wait(
     // The peers it sleeps on (each once), for the flight recorder.
     let waited = chans.iter().enumerate().filter_map(|(i, c)| {
         let (r, w) = wants(c);
-        let first = !chans[..i].iter().any(|o| o.peer == c.peer && {
-            let (r, w) = wants(o);
-            r || w
+        let first = !chans[..i].iter().any(|o| {
+            o.peer == c.peer && {
+                let (r, w) = wants(o);
+                r || w
+            }
         });
         ((r || w) && first).then_some(c.peer)
     });

@@ -142,6 +142,9 @@ fn cuda_mode(comm: &Communicator, mode: &str, args: &[String]) {
 
 fn main() {
     oxccl::init_logging();
+    if let Err(e) = oxccl::dump_flight_on_sigusr1() {
+        eprintln!("oxccl-selftest: {e}");
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("matrix");
     let t0 = Instant::now();
@@ -457,6 +460,37 @@ fn main() {
                     }
                     "send_recv" => comm.send_recv(&a, next, &mut b, prev),
                     other => fail(format!("unknown kind {other}")),
+                };
+                if let Err(e) = r {
+                    report_failed(rank, &e);
+                    std::process::exit(3);
+                }
+            }
+        }
+        "astray" => {
+            // Two faults at call AT of an all_reduce loop on BYTES: rank
+            // STALLER stops itself (SIGSTOP: alive, silent) and rank STRAYER
+            // calls all_gather instead. What `oxccl-trace why` must untangle
+            // from the survivors' flight dumps (tests/flight.rs).
+            let bytes = bytes_arg(args.get(1), 4096);
+            let staller: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1);
+            let strayer: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(2);
+            let at: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(20);
+            let count = (bytes / 4).max(n);
+            let mut a = vec![1.0f32; count];
+            let mut gathered = vec![0.0f32; count / n * n];
+            for i in 0.. {
+                if i == 1 {
+                    println!("RUNNING {rank} {}", epoch_ms());
+                }
+                if i == at && rank == staller {
+                    let _ = std::io::Write::flush(&mut std::io::stdout());
+                    // SAFETY: raising a signal on ourselves.
+                    unsafe { libc::raise(libc::SIGSTOP) };
+                }
+                let r = match i == at && rank == strayer {
+                    true => comm.all_gather(&a[..count / n], &mut gathered),
+                    false => comm.all_reduce_in_place(&mut a, ReduceOp::Max),
                 };
                 if let Err(e) = r {
                     report_failed(rank, &e);
