@@ -675,6 +675,7 @@ impl Communicator {
         // The program's first collective is #0 (in messages, as before):
         // every rank made the same two calls, none is in flight, and the
         // pages hold nothing yet (they come into use only now).
+        let inner_flight = self.inner.flight.clone();
         self.run(move |_, st| {
             st.small = Some(executor::small::SmallPages::new(
                 small_own.expect("three pages"),
@@ -686,6 +687,7 @@ impl Communicator {
             ));
             st.staging = Some(shared);
             st.seq = 0;
+            inner_flight.forget();
             Ok(())
         })
     }
@@ -1053,7 +1055,7 @@ const PAGES_RECORD: usize = 3 * HANDLE_RECORD;
 pub(crate) const SMALL_PATH: usize = usize::MAX;
 
 /// The name behind a `last_algorithm` value (`?` for none).
-fn algorithm_name(i: usize) -> &'static str {
+pub(crate) fn algorithm_name(i: usize) -> &'static str {
     if i == SMALL_PATH {
         return "small";
     }
@@ -1247,18 +1249,34 @@ impl Inner {
         let engine = st.net.engine_for(bufs)?;
         let seq = st.seq;
         st.seq += 1;
-        self.flight_start(st, seq, fp);
         let r = self.execute_seq(st, fp, seq, engine, sched, bufs, direct);
         self.flight.end(seq, r.as_ref().map(|_| ()));
         r
     }
 
-    /// The flight recorder's record of call `seq` starts (issued when its
-    /// queued closure was submitted, else now).
-    fn flight_start(&self, st: &mut State, seq: u64, fp: Fingerprint) {
-        let issued = st.issued.take().unwrap_or_else(Instant::now);
-        let i = self.last_algorithm.load(Ordering::Relaxed);
-        self.flight.start(seq, fp, algorithm_name(i), issued);
+    /// Call `seq` starts: a failure announced meanwhile fails it first
+    /// (see `notice_before`); the flight recorder's record of it starts at
+    /// the clock read it returns (issued when its queued closure was
+    /// submitted, else then). The call's start time.
+    #[allow(clippy::too_many_arguments)]
+    fn begin(
+        &self,
+        control: &mut Control,
+        checked: &mut Instant,
+        issued: &mut Option<Instant>,
+        fp: &Fingerprint,
+        seq: u64,
+        ids: u64,
+    ) -> Result<Instant> {
+        let notice = self.notice_before(control, checked, fp, seq, ids);
+        let now = match &notice {
+            Ok(now) => *now,
+            Err(_) => Instant::now(),
+        };
+        let issued = issued.take().unwrap_or(now);
+        let algorithm = self.last_algorithm.load(Ordering::Relaxed);
+        self.flight.start(seq, *fp, algorithm, issued, now);
+        notice
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1301,7 +1319,14 @@ impl Inner {
             None
         };
         let ids = executor::buffer_ids(direct.as_ref());
-        let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, ids)?;
+        let now = self.begin(
+            &mut st.control,
+            &mut st.control_checked,
+            &mut st.issued,
+            &fp,
+            seq,
+            ids,
+        )?;
         // A peer waiting for this call on the small-message path learns
         // that this rank runs another.
         if let Some(p) = &st.small {
@@ -1326,7 +1351,6 @@ impl Inner {
     ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
-        self.flight_start(st, seq, fp);
         let r = self.execute_small_seq(st, fp, seq, call, ids, input, output);
         self.flight.end(seq, r.as_ref().map(|_| ()));
         r
@@ -1344,7 +1368,14 @@ impl Inner {
         output: Region,
     ) -> Result<()> {
         // Described with its registered buffers, as it publishes itself.
-        let now = self.notice_before(&mut st.control, &mut st.control_checked, &fp, seq, ids)?;
+        let now = self.begin(
+            &mut st.control,
+            &mut st.control_checked,
+            &mut st.issued,
+            &fp,
+            seq,
+            ids,
+        )?;
         let timeout = st.call_timeout.unwrap_or(self.config.timeout);
         let State {
             net,

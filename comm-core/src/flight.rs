@@ -20,6 +20,7 @@ use crate::error::Error;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -79,88 +80,314 @@ impl CallRecord {
 }
 
 /// A communicator's recorder (see the module docs).
-#[derive(Debug)]
+///
+/// A ring of slots written by one call at a time (calls of a communicator
+/// run one after another, under its state lock) and read by anyone at any
+/// time (`recent_calls`, a dump from another thread while a call is stuck)
+/// without a lock: each slot is a seqlock — a version made odd while the
+/// writer changes the slot's atomic fields, even again after — and a reader
+/// retries a slot whose version moved. A write is a dozen relaxed stores.
+/// No clock is read for it: a call's start is the clock read the call
+/// makes anyway (for its deadline); its end is read only when it failed or
+/// went to sleep (then the read is nothing beside the sleep). A call that
+/// completed while spinning keeps no end time.
 pub struct FlightRecorder {
-    calls: Mutex<VecDeque<CallRecord>>,
-    capacity: usize,
-    /// Wall time at `anchor`: records keep `Instant`s, dumps write wall
-    /// time (microseconds since the epoch), comparable across hosts as far
-    /// as their clocks agree.
+    /// A power of two of them (the index is a mask, not a division).
+    slots: Box<[Slot]>,
+    /// Records written so far (the next goes to `written % slots.len()`).
+    written: AtomicU64,
+    /// Error texts of failed calls, by sequence number (rare; locked).
+    errors: Mutex<VecDeque<(u64, String)>>,
+    /// Instants are kept as nanoseconds after `anchor.0`; dumps write wall
+    /// time (microseconds since the epoch, from `anchor.1`), comparable
+    /// across hosts as far as their clocks agree.
     anchor: (Instant, SystemTime),
 }
 
+impl std::fmt::Debug for FlightRecorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlightRecorder")
+            .field("capacity", &self.slots.len())
+            .field("written", &self.written.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// One record's fields as atomics (see [`FlightRecorder`]).
+#[derive(Default)]
+struct Slot {
+    version: AtomicU64,
+    seq: AtomicU64,
+    call: [AtomicU64; 2],
+    /// The `last_algorithm` value of the call; the state in bits 56..;
+    /// whether it slept in bit 55.
+    meta: AtomicU64,
+    issued: AtomicU64,
+    started: AtomicU64,
+    /// 0: not known.
+    ended: AtomicU64,
+    /// `usize::MAX`: nobody.
+    blamed: AtomicU64,
+    waiting_for: [AtomicU32; WAIT_NAMED],
+    waiting_total: AtomicU32,
+}
+
+const STATE_SHIFT: u32 = 56;
+const SLEPT: u64 = 1 << 55;
+const ALGO_MASK: u64 = (1 << 55) - 1;
+
+/// A `last_algorithm` value in a slot's bits (the small path's, the
+/// largest, as all ones).
+fn algorithm_code(a: usize) -> u64 {
+    (a as u64).min(ALGO_MASK)
+}
+
+fn algorithm_of(meta: u64) -> usize {
+    match meta & ALGO_MASK {
+        ALGO_MASK => crate::comm::SMALL_PATH,
+        a => a as usize,
+    }
+}
+
+fn state_code(s: CallState) -> u64 {
+    match s {
+        CallState::Running => 0,
+        CallState::Done => 1,
+        CallState::Failed => 2,
+    }
+}
+
+fn state_of(meta: u64) -> CallState {
+    match meta >> STATE_SHIFT {
+        0 => CallState::Running,
+        1 => CallState::Done,
+        _ => CallState::Failed,
+    }
+}
+
+impl Slot {
+    /// Change the slot: `f` stores its fields between the two version
+    /// steps (the only writer is the call running).
+    fn write(&self, f: impl FnOnce(&Slot)) {
+        let v = self.version.load(Ordering::Relaxed);
+        self.version.store(v.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        f(self);
+        self.version.store(v.wrapping_add(2), Ordering::Release);
+    }
+}
+
 impl FlightRecorder {
+    /// A recorder of `capacity` calls, rounded up to a power of two (0:
+    /// none).
     pub fn new(capacity: usize) -> FlightRecorder {
+        let capacity = match capacity {
+            0 => 0,
+            n => n.next_power_of_two(),
+        };
         FlightRecorder {
-            calls: Mutex::new(VecDeque::with_capacity(capacity)),
-            capacity,
+            slots: (0..capacity).map(|_| Slot::default()).collect(),
+            written: AtomicU64::new(0),
+            errors: Mutex::new(VecDeque::new()),
             anchor: (Instant::now(), SystemTime::now()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<CallRecord>> {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner())
+    fn mask(&self) -> usize {
+        self.slots.len().wrapping_sub(1)
     }
 
-    /// Call `seq` starts now (issued at `issued`).
-    pub fn start(&self, seq: u64, call: Fingerprint, algorithm: &'static str, issued: Instant) {
-        if self.capacity == 0 {
+    fn ns(&self, t: Instant) -> u64 {
+        // At least 1: 0 is "not known".
+        (t.saturating_duration_since(self.anchor.0).as_nanos() as u64).max(1)
+    }
+
+    fn instant(&self, ns: u64) -> Instant {
+        self.anchor.0 + std::time::Duration::from_nanos(ns)
+    }
+
+    /// The slot of call `seq` if it is the last one written.
+    fn current(&self, seq: u64) -> Option<&Slot> {
+        let n = self.written.load(Ordering::Relaxed);
+        let slot = self.slots.get(n.checked_sub(1)? as usize & self.mask())?;
+        (slot.seq.load(Ordering::Relaxed) == seq).then_some(slot)
+    }
+
+    /// Call `seq` started at `started` (issued at `issued`; `algorithm`:
+    /// the communicator's `last_algorithm` value for it).
+    pub fn start(
+        &self,
+        seq: u64,
+        call: Fingerprint,
+        algorithm: usize,
+        issued: Instant,
+        started: Instant,
+    ) {
+        if self.slots.is_empty() {
             return;
         }
-        let now = Instant::now();
-        let mut calls = self.lock();
-        if calls.len() == self.capacity {
-            calls.pop_front();
-        }
-        calls.push_back(CallRecord {
-            seq,
-            call,
-            algorithm,
-            issued: issued.min(now),
-            started: now,
-            ended: None,
-            state: CallState::Running,
-            error: None,
-            blamed: None,
-            waiting_for: [0; WAIT_NAMED],
-            waiting_total: 0,
+        let n = self.written.load(Ordering::Relaxed);
+        let slot = &self.slots[n as usize & self.mask()];
+        let words = call.to_words();
+        let started_ns = self.ns(started);
+        let issued = match issued < started {
+            true => self.ns(issued),
+            false => started_ns,
+        };
+        let started = started_ns;
+        slot.write(|s| {
+            s.seq.store(seq, Ordering::Relaxed);
+            s.call[0].store(words[0], Ordering::Relaxed);
+            s.call[1].store(words[1], Ordering::Relaxed);
+            s.meta.store(algorithm_code(algorithm), Ordering::Relaxed);
+            s.issued.store(issued, Ordering::Relaxed);
+            s.started.store(started, Ordering::Relaxed);
+            s.ended.store(0, Ordering::Relaxed);
+            s.blamed.store(u64::MAX, Ordering::Relaxed);
+            s.waiting_total.store(0, Ordering::Relaxed);
         });
+        self.written.store(n + 1, Ordering::Release);
     }
 
-    /// The running call `seq` sleeps waiting for `peers`.
+    /// The running call `seq` goes to sleep waiting for `peers`.
     pub fn waiting(&self, seq: u64, peers: impl IntoIterator<Item = usize>) {
-        let mut calls = self.lock();
-        if let Some(r) = calls.back_mut().filter(|r| r.seq == seq) {
-            r.waiting_total = 0;
+        let Some(slot) = self.current(seq) else {
+            return;
+        };
+        slot.write(|s| {
+            let mut total = 0u32;
             for p in peers {
-                if let Some(slot) = r.waiting_for.get_mut(r.waiting_total as usize) {
-                    *slot = p as u32;
+                if let Some(w) = s.waiting_for.get(total as usize) {
+                    w.store(p as u32, Ordering::Relaxed);
                 }
-                r.waiting_total += 1;
+                total += 1;
             }
-        }
+            s.waiting_total.store(total, Ordering::Relaxed);
+            s.meta.fetch_or(SLEPT, Ordering::Relaxed);
+        });
     }
 
     /// Call `seq` ended with `outcome`.
     pub fn end(&self, seq: u64, outcome: Result<(), &Error>) {
-        let now = Instant::now();
-        let mut calls = self.lock();
-        if let Some(r) = calls.back_mut().filter(|r| r.seq == seq) {
-            r.ended = Some(now);
-            match outcome {
-                Ok(()) => r.state = CallState::Done,
-                Err(e) => {
-                    r.state = CallState::Failed;
-                    r.error = Some(e.to_string());
-                    r.blamed = e.blamed_rank();
-                }
-            }
+        let Some(slot) = self.current(seq) else {
+            return;
+        };
+        let meta = slot.meta.load(Ordering::Relaxed);
+        let slept = meta & SLEPT != 0;
+        let failed = outcome.is_err();
+        if !failed && !slept {
+            // The common end: one word changes, which a reader sees whole
+            // (before or after), so no version step is needed.
+            let done = meta & !(0xff << STATE_SHIFT) | state_code(CallState::Done) << STATE_SHIFT;
+            slot.meta.store(done, Ordering::Release);
+            return;
         }
+        let ended = match slept || failed {
+            true => self.ns(Instant::now()),
+            false => 0,
+        };
+        let state = match failed {
+            true => CallState::Failed,
+            false => CallState::Done,
+        };
+        if let Err(e) = outcome {
+            let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+            if errors.len() == self.slots.len() {
+                errors.pop_front();
+            }
+            errors.push_back((seq, e.to_string()));
+        }
+        slot.write(|s| {
+            let meta = s.meta.load(Ordering::Relaxed) & !(0xff << STATE_SHIFT);
+            s.meta
+                .store(meta | state_code(state) << STATE_SHIFT, Ordering::Relaxed);
+            s.ended.store(ended, Ordering::Relaxed);
+            if let Err(e) = outcome {
+                s.blamed.store(
+                    e.blamed_rank().map_or(u64::MAX, |b| b as u64),
+                    Ordering::Relaxed,
+                );
+            }
+        });
+    }
+
+    /// One slot's record, read consistently (`None` while it is empty).
+    fn read(&self, slot: &Slot) -> Option<CallRecord> {
+        loop {
+            let v = slot.version.load(Ordering::Acquire);
+            if v % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let seq = slot.seq.load(Ordering::Relaxed);
+            let words = [
+                slot.call[0].load(Ordering::Relaxed),
+                slot.call[1].load(Ordering::Relaxed),
+            ];
+            let meta = slot.meta.load(Ordering::Relaxed);
+            let issued = slot.issued.load(Ordering::Relaxed);
+            let started = slot.started.load(Ordering::Relaxed);
+            let ended = slot.ended.load(Ordering::Relaxed);
+            let blamed = slot.blamed.load(Ordering::Relaxed);
+            let mut waiting_for = [0u32; WAIT_NAMED];
+            for (w, a) in waiting_for.iter_mut().zip(&slot.waiting_for) {
+                *w = a.load(Ordering::Relaxed);
+            }
+            let waiting_total = slot.waiting_total.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if slot.version.load(Ordering::Relaxed) != v {
+                continue;
+            }
+            if v == 0 {
+                return None;
+            }
+            let call = Fingerprint::from_words(words)?;
+            let state = state_of(meta);
+            let error = match state {
+                CallState::Failed => self
+                    .errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .rev()
+                    .find(|(s, _)| *s == seq)
+                    .map(|(_, e)| e.clone()),
+                _ => None,
+            };
+            return Some(CallRecord {
+                seq,
+                call,
+                algorithm: crate::comm::algorithm_name(algorithm_of(meta)),
+                issued: self.instant(issued),
+                started: self.instant(started),
+                ended: (ended != 0).then(|| self.instant(ended)),
+                state,
+                error,
+                blamed: (blamed != u64::MAX).then_some(blamed as usize),
+                waiting_for,
+                waiting_total,
+            });
+        }
+    }
+
+    /// Forget every record (the communicator's sequence numbers start
+    /// again: init's own calls are not the user's).
+    pub(crate) fn forget(&self) {
+        self.written.store(0, Ordering::Release);
     }
 
     /// The calls kept, oldest first.
     pub fn recent(&self) -> Vec<CallRecord> {
-        self.lock().iter().cloned().collect()
+        let n = self.written.load(Ordering::Acquire) as usize;
+        let cap = self.slots.len();
+        let first = n.saturating_sub(cap);
+        let mut out: Vec<CallRecord> = (first..n)
+            .filter_map(|i| self.read(&self.slots[i & self.mask()]))
+            .collect();
+        // A call that started while this read went round may have taken
+        // the oldest slot: order by sequence number.
+        out.sort_by_key(|r| r.seq);
+        out
     }
 
     /// Microseconds since the epoch at `t`.
@@ -317,7 +544,7 @@ mod tests {
         let f = FlightRecorder::new(3);
         let t = Instant::now();
         for seq in 0..5 {
-            f.start(seq, fp(Kind::AllReduce), "ring", t);
+            f.start(seq, fp(Kind::AllReduce), 1, t, t);
             if seq < 4 {
                 f.end(seq, Ok(()));
             }
@@ -352,7 +579,7 @@ mod tests {
     #[test]
     fn a_zero_capacity_recorder_keeps_nothing() {
         let f = FlightRecorder::new(0);
-        f.start(0, fp(Kind::Barrier), "ring", Instant::now());
+        f.start(0, fp(Kind::Barrier), 1, Instant::now(), Instant::now());
         f.end(0, Ok(()));
         assert!(f.recent().is_empty());
     }

@@ -1,0 +1,42 @@
+//! What the always-on flight recorder costs per call: the record a call
+//! writes when it starts and when it ends (a call that went to sleep also
+//! names its peers and reads the clock at its end; that is the slow path
+//! and not measured here). Compare with the latency of a small all_reduce
+//! (docs/PERFORMANCE.md, "The flight recorder's cost").
+//!
+//! `cargo bench -p comm-core --bench flight`
+
+use comm_core::call::{Fingerprint, Kind};
+use comm_core::flight::FlightRecorder;
+use comm_core::{DataType, ReduceOp};
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use std::time::{Duration, Instant};
+
+fn bench(c: &mut Criterion) {
+    let fp = Fingerprint::new(Kind::AllReduce, DataType::F32, 2).with_op(ReduceOp::Sum);
+    let mut g = c.benchmark_group("flight_recorder");
+    g.measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    let rec = FlightRecorder::new(256);
+    let t = Instant::now();
+    let mut seq = 0u64;
+    g.bench_function("start_and_end_per_call", |b| {
+        b.iter(|| {
+            rec.start(black_box(seq), black_box(fp), 1, t, t);
+            rec.end(black_box(seq), Ok(()));
+            seq += 1;
+        })
+    });
+    let off = FlightRecorder::new(0);
+    g.bench_function("off_per_call", |b| {
+        b.iter(|| {
+            off.start(black_box(seq), black_box(fp), 1, t, t);
+            off.end(black_box(seq), Ok(()));
+            seq += 1;
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
