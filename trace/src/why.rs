@@ -15,6 +15,10 @@ use crate::flight::{Call, Dump};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+/// Calls that ranks made at one sequence number: each signature with the
+/// ranks that called it, the largest group first.
+pub type Groups = Vec<(String, Vec<usize>)>;
+
 /// What the dumps of one communicator say.
 #[derive(Debug, Default)]
 pub struct Finding {
@@ -24,7 +28,7 @@ pub struct Finding {
     pub dumped: Vec<usize>,
     /// The first call ranks disagree on: its number, and each signature
     /// with the ranks that called it (the largest group first).
-    pub divergence: Option<(u64, Vec<(String, Vec<usize>)>)>,
+    pub divergence: Option<(u64, Groups)>,
     /// Ranks without a dump that others waited for (or blamed).
     pub silent: Vec<usize>,
     /// Each dumped rank's last call's waits: (rank, its call, the peers).
@@ -120,7 +124,7 @@ fn analyse(comm: &str, ds: &[&Dump]) -> Finding {
             }
         }
         if groups.len() > 1 {
-            let mut g: Vec<(String, Vec<usize>)> = groups.into_iter().collect();
+            let mut g: Groups = groups.into_iter().collect();
             g.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.1.cmp(&b.1)));
             for d in ds {
                 if let Some(c) = d.calls.iter().find(|c| c.seq == seq) {
