@@ -1247,9 +1247,21 @@ impl Inner {
         // Memory no engine reaches fails this call alone, before it takes
         // a sequence number (the others' next call still matches ours).
         let engine = st.net.engine_for(bufs)?;
+        self.numbered(st, |me, st, seq| {
+            me.execute_seq(st, fp, seq, engine, sched, bufs, direct)
+        })
+    }
+
+    /// Run the next call of the sequence (its number given to `run`) and
+    /// record how it ended.
+    fn numbered(
+        &self,
+        st: &mut State,
+        run: impl FnOnce(&Self, &mut State, u64) -> Result<()>,
+    ) -> Result<()> {
         let seq = st.seq;
         st.seq += 1;
-        let r = self.execute_seq(st, fp, seq, engine, sched, bufs, direct);
+        let r = run(self, st, seq);
         self.flight.end(seq, r.as_ref().map(|_| ()));
         r
     }
@@ -1349,11 +1361,9 @@ impl Inner {
         input: Region,
         output: Region,
     ) -> Result<()> {
-        let seq = st.seq;
-        st.seq += 1;
-        let r = self.execute_small_seq(st, fp, seq, call, ids, input, output);
-        self.flight.end(seq, r.as_ref().map(|_| ()));
-        r
+        self.numbered(st, |me, st, seq| {
+            me.execute_small_seq(st, fp, seq, call, ids, input, output)
+        })
     }
 
     #[allow(clippy::too_many_arguments)]
