@@ -74,6 +74,9 @@ pub struct Args {
     /// Machine limit (GB/s) drawn on the plot.
     pub limit: Option<f64>,
     pub csv: Option<String>,
+    /// `--trace DIR`: every rank writes its timeline trace there
+    /// (`OXCCL_TRACE`; `oxccl-trace merge DIR -o job.json` joins them).
+    pub trace: Option<String>,
     /// Debug: this rank corrupts one element of every checked result.
     pub corrupt_rank: Option<usize>,
 }
@@ -107,6 +110,7 @@ impl Default for Args {
             plot: None,
             limit: None,
             csv: None,
+            trace: None,
             corrupt_rank: None,
         }
     }
@@ -147,6 +151,7 @@ USAGE: <collective>_perf
   [--plot <file.svg>]                    bus bandwidth and time against size
   [--limit <GB/s>]                       draw a machine limit on the plot
   [--csv <file.csv>]                     write results as CSV
+  [--trace <dir>]                        every rank writes its timeline trace into dir (OXCCL_TRACE)
   [-h,--help]";
 
 /// Most ranks `--np` starts on this host.
@@ -291,6 +296,7 @@ impl Args {
                     )
                 }
                 "--csv" => a.csv = Some(val),
+                "--trace" => a.trace = Some(val),
                 "--corrupt-rank" => a.corrupt_rank = Some(parse_num(&flag, &val)?),
                 other => return Err(format!("unknown option {other}\n{USAGE}")),
             }

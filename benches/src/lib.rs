@@ -124,6 +124,9 @@ impl Job {
         if let Some(a) = &args.algo {
             cfg.algo = Some(a.clone());
         }
+        if let Some(t) = &args.trace {
+            cfg.trace_dir = Some(t.into());
+        }
         let (launched, alone) = match launch::under_launcher() {
             true => (Some(oxccl::launch_env()?), None),
             false => {

@@ -244,6 +244,42 @@ fn ranks_per_process_run_as_threads_and_check_exactly() {
     assert!(out.contains("Out of bounds values : 0 OK"), "{out}");
 }
 
+/// `--trace DIR` on 4 processes: every rank's trace, joined by
+/// `oxccl-trace merge`, is valid trace-event JSON with the same number of
+/// collective slices for every rank — every call each rank made (the
+/// sweep's own, plus the barriers and the reductions of the timings).
+#[test]
+fn a_traced_run_merges_into_one_timeline_with_every_ranks_calls() {
+    let dir = std::env::temp_dir().join(format!("oxccl-perf-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_string_lossy().into_owned();
+    let (code, out, err) = run(
+        Coll::AllReduce,
+        &[
+            "--np", "4", "-b", "1K", "-e", "1M", "-f", "32", "-n", "5", "-w", "1", "--trace", &d,
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let traces = oxccl_trace::merge::load(&dir).unwrap();
+    assert_eq!(traces.len(), 4);
+    let merged = oxccl_trace::merge::merge(&traces);
+    let file = dir.join("job.json");
+    std::fs::write(&file, merged.to_string()).unwrap();
+    let back: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let counts = oxccl_trace::merge::check(&back).unwrap();
+    let calls: Vec<usize> = (0..4u64)
+        .map(|r| counts.slices[&(r, "collective".to_string())])
+        .collect();
+    // 3 sizes x 2 directions x (1 checked + 1 warm-up + 5 timed) calls of
+    // the sweep at least.
+    assert!(
+        calls.iter().all(|c| *c == calls[0] && *c >= 42),
+        "{calls:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Every dtype and op, 3 ranks, 8 B to 1 MiB, on registered buffers.
 const REGISTERED_SWEEP: &[&str] = &[
     "--np",

@@ -88,6 +88,8 @@ pub(crate) struct Inner {
     pub(crate) last_algorithm: AtomicUsize,
     /// The last calls, always on (see `crate::flight`).
     pub(crate) flight: Arc<crate::flight::FlightRecorder>,
+    /// The timeline trace, with `OXCCL_TRACE` (see `crate::trace`).
+    pub(crate) tracer: Option<Arc<crate::trace::Tracer>>,
     pub(crate) worker: Worker,
     /// Sends and receives: links and a thread of their own.
     pub(crate) lane: Lane,
@@ -517,6 +519,10 @@ impl Communicator {
             "oxccl communicator ready"
         );
         let flight = Arc::new(crate::flight::FlightRecorder::new(config.flight_calls));
+        let tracer = config
+            .trace_dir
+            .clone()
+            .map(|d| Arc::new(crate::trace::Tracer::new(d, config.trace_max_events)));
         crate::flight::register(
             crate::flight::Dumper {
                 comm: id.comm_id(),
@@ -569,6 +575,7 @@ impl Communicator {
                 abort_fd: eventfd()?,
                 last_algorithm: AtomicUsize::new(0),
                 flight,
+                tracer,
                 worker: Worker::default(),
                 registries: endpoints.iter().filter_map(|e| e.registry()).collect(),
                 direct,
@@ -579,6 +586,11 @@ impl Communicator {
             timeout: None,
         };
         comm.share_host_pages()?;
+        if let Some(t) = &comm.inner.tracer {
+            // Init's own exchanges are not the user's calls.
+            t.forget();
+            crate::trace::align_clocks(&comm, t)?;
+        }
         Ok(comm)
     }
 
@@ -750,6 +762,12 @@ impl Communicator {
     /// for one still running, which peers it waits for.
     pub fn recent_calls(&self) -> Vec<crate::flight::CallRecord> {
         self.inner.flight.recent()
+    }
+
+    /// Write this rank's timeline trace now (with `OXCCL_TRACE`; it is
+    /// also written when the communicator goes and when a call fails).
+    pub fn flush_trace(&self) {
+        self.inner.flush_trace();
     }
 
     /// Write this communicator's flight recorder into `dir` now (as a
@@ -1090,6 +1108,15 @@ impl Inner {
         })
     }
 
+    /// Write the timeline trace (with `OXCCL_TRACE`), warning on failure.
+    pub(crate) fn flush_trace(&self) {
+        if let Some(t) = &self.tracer {
+            if let Err(e) = t.flush(&self.dumper()) {
+                tracing::warn!("oxccl: writing the trace: {e}");
+            }
+        }
+    }
+
     fn abort(&self) {
         if self.aborted.swap(true, Ordering::AcqRel) {
             return;
@@ -1218,6 +1245,7 @@ impl Inner {
                             tracing::warn!("oxccl: {d}");
                         }
                     }
+                    self.flush_trace();
                     if !e.is_local() {
                         st.net.close_all();
                         drop(st);
@@ -1263,6 +1291,10 @@ impl Inner {
         st.seq += 1;
         let r = run(self, st, seq);
         self.flight.end(seq, r.as_ref().map(|_| ()));
+        if let Some(t) = &self.tracer {
+            let algorithm = algorithm_name(self.last_algorithm.load(Ordering::Relaxed));
+            t.call_ended(seq, algorithm, r.is_err());
+        }
         r
     }
 
@@ -1288,6 +1320,9 @@ impl Inner {
         let issued = issued.take().unwrap_or(now);
         let algorithm = self.last_algorithm.load(Ordering::Relaxed);
         self.flight.start(seq, *fp, algorithm, issued, now);
+        if let Some(t) = &self.tracer {
+            t.call_started(now, *fp);
+        }
         notice
     }
 
@@ -1466,6 +1501,7 @@ impl Inner {
             direct,
             ids,
             flight: &self.flight,
+            trace: self.tracer.as_deref(),
         }
     }
 
@@ -1552,6 +1588,7 @@ impl Drop for Communicator {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        self.flush_trace();
         // A clean departure, even after an error: "lost" means crashed.
         if let Ok(mut s) = self.sender.lock() {
             s.goodbye();

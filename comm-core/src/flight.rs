@@ -450,16 +450,11 @@ impl FlightRecorder {
 
     /// Write the dump into `dir` (created if missing); the file's path.
     pub fn dump(&self, dir: &Path, who: &Dumper, reason: &str) -> std::io::Result<PathBuf> {
-        std::fs::create_dir_all(dir)?;
-        let path = dir.join(format!(
-            "flight-{:016x}-rank{}.json",
-            who.comm, who.world_rank
-        ));
-        // Written whole, then renamed: a reader never sees half a dump.
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, self.to_json(who, reason))?;
-        std::fs::rename(&tmp, &path)?;
-        Ok(path)
+        crate::trace::write_whole(
+            dir,
+            &format!("flight-{:016x}-rank{}.json", who.comm, who.world_rank),
+            &self.to_json(who, reason),
+        )
     }
 }
 
@@ -541,23 +536,24 @@ mod tests {
 
     #[test]
     fn keeps_the_last_calls_and_how_they_ended() {
+        // 3 calls asked for: a power of two kept, 4.
         let f = FlightRecorder::new(3);
         let t = Instant::now();
-        for seq in 0..5 {
+        for seq in 0..6 {
             f.start(seq, fp(Kind::AllReduce), 1, t, t);
-            if seq < 4 {
+            if seq < 5 {
                 f.end(seq, Ok(()));
             }
         }
-        f.waiting(4, [2, 5, 6, 7, 8, 9]);
+        f.waiting(5, [2, 5, 6, 7, 8, 9]);
         let r = f.recent();
-        assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 3, 4]);
-        assert_eq!(r[1].state, CallState::Done);
-        assert_eq!(r[2].state, CallState::Running);
-        assert_eq!(r[2].waiting(), [2, 5, 6, 7]);
-        assert_eq!(r[2].waiting_total, 6);
+        assert_eq!(r.iter().map(|r| r.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
+        assert_eq!(r[2].state, CallState::Done);
+        assert_eq!(r[3].state, CallState::Running);
+        assert_eq!(r[3].waiting(), [2, 5, 6, 7]);
+        assert_eq!(r[3].waiting_total, 6);
         f.end(
-            4,
+            5,
             Err(&Error::InvalidArgument("a \"quoted\"\nreason".into())),
         );
         let who = Dumper {

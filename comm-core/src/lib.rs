@@ -30,6 +30,7 @@ pub mod group;
 mod lane;
 pub mod mem;
 pub mod sys;
+pub mod trace;
 pub mod transport;
 mod tune;
 pub mod types;

@@ -67,6 +67,12 @@ pub struct Config {
     /// Where a failed call writes the flight recorder's dump
     /// (`OXCCL_FLIGHT_DIR`; unset: nowhere).
     pub flight_dir: Option<std::path::PathBuf>,
+    /// Where each rank writes its timeline trace (`OXCCL_TRACE`; unset:
+    /// no trace is kept). See `crate::trace`.
+    pub trace_dir: Option<std::path::PathBuf>,
+    /// Events a trace keeps, the oldest dropped first
+    /// (`OXCCL_TRACE_MAX_EVENTS`, default 1 Mi).
+    pub trace_max_events: usize,
 }
 
 impl Default for Config {
@@ -87,6 +93,8 @@ impl Default for Config {
             tuner: None,
             flight_calls: crate::flight::DEFAULT_CALLS,
             flight_dir: None,
+            trace_dir: None,
+            trace_max_events: crate::trace::DEFAULT_MAX_EVENTS,
         }
     }
 }
@@ -130,6 +138,10 @@ impl Config {
             c.flight_calls = n;
         }
         c.flight_dir = vars::text("OXCCL_FLIGHT_DIR")?.map(Into::into);
+        c.trace_dir = vars::text("OXCCL_TRACE")?.map(Into::into);
+        if let Some(n) = vars::count("OXCCL_TRACE_MAX_EVENTS")? {
+            c.trace_max_events = n;
+        }
         c.transport = vars::choice("OXCCL_TRANSPORT")?
             .filter(|t| *t != "auto")
             .map(String::from);
@@ -177,6 +189,11 @@ impl Config {
         numbers("OXCCL_SOCKET_BUFFER", self.socket_buffer, "socket_buffer")?;
         numbers("OXCCL_ONESHOT_BYTES", self.oneshot_bytes, "oneshot_bytes")?;
         numbers("OXCCL_FLIGHT_CALLS", self.flight_calls, "flight_calls")?;
+        numbers(
+            "OXCCL_TRACE_MAX_EVENTS",
+            self.trace_max_events,
+            "trace_max_events",
+        )?;
         if let Some(a) = &self.algo {
             if algorithms::find(a).is_none() {
                 return Err(Error::Config(format!(

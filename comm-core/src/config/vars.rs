@@ -267,6 +267,19 @@ pub const VARS: &[Var] = &[
         what: "deadline of every wait",
     },
     Var {
+        name: "OXCCL_TRACE",
+        kind: Kind::Text,
+        what: "folder each rank writes its timeline trace into (trace-COMM-rankR.json, for Perfetto; oxccl-trace merge joins them)",
+    },
+    Var {
+        name: "OXCCL_TRACE_MAX_EVENTS",
+        kind: Kind::Count {
+            min: 0,
+            max: 1 << 26,
+        },
+        what: "events a trace keeps per communicator, the oldest dropped first (default 1048576)",
+    },
+    Var {
         name: "OXCCL_TRANSPORT",
         kind: Kind::Choice(&["auto", "tcp", "shm", "rdma"]),
         what: "force a transport",

@@ -71,6 +71,8 @@ pub(crate) struct CallCtx<'a> {
     /// The communicator's flight recorder: a wait that goes to sleep
     /// names the peers it waits for there.
     pub flight: &'a crate::flight::FlightRecorder,
+    /// The timeline trace, when one is kept.
+    pub trace: Option<&'a crate::trace::Tracer>,
 }
 
 impl CallCtx<'_> {

@@ -96,6 +96,8 @@ struct Work {
     /// One-sided reads in flight: (step, peer, the read's ticket).
     remote: Vec<(u32, usize, u64)>,
     started: Vec<bool>,
+    /// When each step started (ns on the trace's clock; with a trace only).
+    began: Vec<u64>,
 }
 
 impl Net {
@@ -314,6 +316,10 @@ fn execute_with(
     w.done.resize(nsteps, false);
     w.started.clear();
     w.started.resize(nsteps, false);
+    if cx.trace.is_some() {
+        w.began.clear();
+        w.began.resize(nsteps, 0);
+    }
     w.inflight.clear();
     w.remote.clear();
     let Work {
@@ -329,7 +335,27 @@ fn execute_with(
         inflight,
         remote,
         started,
+        began,
     } = w;
+    // With a trace: step `i` starts now / ended now (a slice with its
+    // peer and bytes).
+    let trace = cx.trace;
+    let begin = |began: &mut [u64], i: usize| {
+        if let Some(t) = trace {
+            began[i] = t.now();
+        }
+    };
+    let ended = |began: &[u64], i: usize, bytes: usize| {
+        if let Some(t) = trace {
+            let action = &sched.steps[i].action;
+            let peer = action.message_peer().or(match *action {
+                Action::CopyFrom { peer, .. } | Action::CopyTo { peer, .. } => Some((peer, false)),
+                _ => None,
+            });
+            let name = crate::trace::step_name(action);
+            t.step(name, i as u32, peer, bytes as u64, began[i]);
+        }
+    };
     let compute = &mut net.engines[engine];
     for (i, st) in sched.steps.iter().enumerate() {
         let Some((peer, is_send)) = st.action.message_peer() else {
@@ -440,6 +466,7 @@ fn execute_with(
             if compute.poll(p)? {
                 inflight.swap_remove(k);
                 done[i as usize] = true;
+                ended(began, i as usize, 0);
                 remaining -= 1;
                 progressed = true;
             } else {
@@ -455,6 +482,7 @@ fn execute_with(
                 Some(Ok(c)) if c > ticket => {
                     remote.swap_remove(k);
                     done[i as usize] = true;
+                    ended(began, i as usize, 0);
                     remaining -= 1;
                     progressed = true;
                 }
@@ -484,6 +512,9 @@ fn execute_with(
             }
             if done[iu] || started[iu] || !ready(done, i) {
                 continue;
+            }
+            if !arrived {
+                begin(began, iu);
             }
             let pending = match sched.steps[iu].action {
                 Action::Copy { src, dst } if is_final(src, dst) => {
@@ -649,6 +680,7 @@ fn execute_with(
                         Some(peer) => sync_wait = Some((peer, target)),
                         None => {
                             done[iu] = true;
+                            ended(began, iu, 0);
                             remaining -= 1;
                             progressed = true;
                             syncs_passed += 1;
@@ -663,6 +695,7 @@ fn execute_with(
             progressed = true;
             if compute.poll(pending)? {
                 done[iu] = true;
+                ended(began, iu, 0);
                 remaining -= 1;
             } else {
                 started[iu] = true;
@@ -684,6 +717,7 @@ fn execute_with(
                 let (p, n) = (r.ptr(), r.len);
                 if ch.s_off == 0 {
                     ch.s_hdr = cx.header(msg_of[i as usize], n);
+                    begin(began, i as usize);
                 }
                 // SAFETY: the span was bounds-checked by `mem`; the caller keeps the
                 // buffer alive and unmodified for the call.
@@ -710,6 +744,7 @@ fn execute_with(
                             ch.s_off = 0;
                             ch.s_head += 1;
                             done[i as usize] = true;
+                            ended(began, i as usize, n);
                             remaining -= 1;
                         } else {
                             break;
@@ -780,6 +815,9 @@ fn execute_with(
                         let before = ch.r_off;
                         ch.r_off += k;
                         progressed |= k > 0;
+                        if before == 0 && k > 0 {
+                            begin(began, i as usize);
+                        }
                         if before < HEADER_LEN && ch.r_off >= HEADER_LEN {
                             let (peer, hdr) = (ch.peer, ch.r_hdr);
                             cx.check_header(peer, &hdr, msg_of[i as usize], n)?
@@ -807,6 +845,7 @@ fn execute_with(
                                 }
                             }
                             done[i as usize] = true;
+                            ended(began, i as usize, n);
                             remaining -= 1;
                         } else {
                             break;
@@ -986,7 +1025,8 @@ fn wait(
             cx.during
         )));
     }
-    // The peers it sleeps on (each once), for the flight recorder.
+    // The peers it sleeps on (each once), for the flight recorder and the
+    // trace (whose slice ends when this function returns).
     let waited = chans.iter().enumerate().filter_map(|(i, c)| {
         let (r, w) = wants(c);
         let first = !chans[..i].iter().any(|o| {
@@ -997,7 +1037,12 @@ fn wait(
         });
         ((r || w) && first).then_some(c.peer)
     });
-    cx.sleeps_on(waited.chain(waits.remote.iter().map(|r| r.1)));
+    let mut slice = WaitSlice::new(cx.trace);
+    cx.sleeps_on(
+        waited
+            .chain(waits.remote.iter().map(|r| r.1))
+            .inspect(|p| slice.on(*p)),
+    );
     pollfds.push(libc::pollfd {
         fd: cx.control.fd(),
         events: libc::POLLIN,
@@ -1073,6 +1118,42 @@ fn wait(
     }
 }
 
+/// A trace's slice of one sleep: from its creation until it is dropped,
+/// naming the peers slept on (nothing without a trace).
+struct WaitSlice<'a> {
+    trace: Option<&'a crate::trace::Tracer>,
+    start: u64,
+    peers: [u32; 4],
+    total: u32,
+}
+
+impl<'a> WaitSlice<'a> {
+    fn new(trace: Option<&'a crate::trace::Tracer>) -> WaitSlice<'a> {
+        WaitSlice {
+            trace,
+            start: trace.map_or(0, |t| t.now()),
+            peers: [0; 4],
+            total: 0,
+        }
+    }
+
+    fn on(&mut self, peer: usize) {
+        if let Some(p) = self.peers.get_mut(self.total as usize) {
+            *p = peer as u32;
+        }
+        self.total += 1;
+    }
+}
+
+impl Drop for WaitSlice<'_> {
+    fn drop(&mut self) {
+        if let Some(t) = self.trace {
+            let named = (self.total as usize).min(4);
+            t.wait(self.start, &self.peers[..named], self.total);
+        }
+    }
+}
+
 /// One slice of waiting for `peer` to reach phase `target` (after the
 /// looks every sleep makes), then whether a notice came and whether the
 /// peer's process still exists.
@@ -1086,6 +1167,8 @@ fn sync_sleep(cx: &mut CallCtx<'_>, sleep: &Sleep, peer: usize, target: u32) -> 
         }));
     }
     cx.sleeps_on([peer]);
+    let mut slice = WaitSlice::new(cx.trace);
+    slice.on(peer);
     direct::sleep_on(direct_ctx(cx)?, peer, target)?;
     cx.after_slice(peer)
 }
