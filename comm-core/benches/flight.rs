@@ -1,4 +1,5 @@
-//! What the always-on flight recorder costs per call: the record a call
+//! What the always-on flight recorder costs per call, and what a traced
+//! step costs (`OXCCL_TRACE`). The recorder: the record a call
 //! writes when it starts and when it ends (a call that went to sleep also
 //! names its peers and reads the clock at its end; that is the slow path
 //! and not measured here). Compare with the latency of a small all_reduce
@@ -8,6 +9,7 @@
 
 use comm_core::call::{Fingerprint, Kind};
 use comm_core::flight::FlightRecorder;
+use comm_core::trace::Tracer;
 use comm_core::{DataType, ReduceOp};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::time::{Duration, Instant};
@@ -33,6 +35,16 @@ fn bench(c: &mut Criterion) {
             off.start(black_box(seq), black_box(fp), 1, t, t);
             off.end(black_box(seq), Ok(()));
             seq += 1;
+        })
+    });
+    // A trace's step slice: the start stamp, the end stamp and the push
+    // into its ring (what each step of a traced call costs).
+    let dir = std::env::temp_dir().join("oxccl-bench-trace-unused");
+    let tracer = Tracer::new(dir, 1 << 16);
+    g.bench_function("trace_step_slice", |b| {
+        b.iter(|| {
+            let start = tracer.now();
+            tracer.step("send", black_box(3), Some((1, true)), 1 << 20, start);
         })
     });
     g.finish();
