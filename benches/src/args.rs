@@ -77,6 +77,9 @@ pub struct Args {
     /// `--trace DIR`: every rank writes its timeline trace there
     /// (`OXCCL_TRACE`; `oxccl-trace merge DIR -o job.json` joins them).
     pub trace: Option<String>,
+    /// `-v`: after each row, where its calls spent their time (from the
+    /// trace; without `--trace`, one is kept in a temporary folder).
+    pub verbose: bool,
     /// Debug: this rank corrupts one element of every checked result.
     pub corrupt_rank: Option<usize>,
 }
@@ -111,6 +114,7 @@ impl Default for Args {
             limit: None,
             csv: None,
             trace: None,
+            verbose: false,
             corrupt_rank: None,
         }
     }
@@ -152,6 +156,8 @@ USAGE: <collective>_perf
   [--limit <GB/s>]                       draw a machine limit on the plot
   [--csv <file.csv>]                     write results as CSV
   [--trace <dir>]                        every rank writes its timeline trace into dir (OXCCL_TRACE)
+  [-v,--verbose]                         after each row, rank 0's time per call by kind of step (send/recv,
+                                         reduce, copy, phases, waiting), from its trace
   [-h,--help]";
 
 /// Most ranks `--np` starts on this host.
@@ -185,7 +191,10 @@ impl Args {
                 Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
                 _ => (raw.clone(), None),
             };
-            let no_value = matches!(flag.as_str(), "--registered" | "-h" | "--help");
+            let no_value = matches!(
+                flag.as_str(),
+                "--registered" | "-h" | "--help" | "-v" | "--verbose"
+            );
             let val = if no_value {
                 String::new()
             } else {
@@ -297,6 +306,7 @@ impl Args {
                 }
                 "--csv" => a.csv = Some(val),
                 "--trace" => a.trace = Some(val),
+                "-v" | "--verbose" => a.verbose = true,
                 "--corrupt-rank" => a.corrupt_rank = Some(parse_num(&flag, &val)?),
                 other => return Err(format!("unknown option {other}\n{USAGE}")),
             }

@@ -10,6 +10,7 @@
 //! status is non-zero when any element of any checked result is wrong.
 
 pub mod args;
+pub mod breakdown;
 pub mod coll;
 #[cfg(feature = "cuda")]
 mod device;
@@ -126,6 +127,9 @@ impl Job {
         }
         if let Some(t) = &args.trace {
             cfg.trace_dir = Some(t.into());
+        } else if args.verbose {
+            let pid = std::process::id();
+            cfg.trace_dir = Some(std::env::temp_dir().join(format!("oxccl-perf-v-{pid}")));
         }
         let (launched, alone) = match launch::under_launcher() {
             true => (Some(oxccl::launch_env()?), None),
@@ -513,9 +517,14 @@ fn run(
                     series += &format!(" cycle {cycle}");
                 }
                 for bytes in args.sizes() {
+                    let since = breakdown::mark(&comm.trace_events());
                     let r = row(comm, args, dev.as_ref(), &case, bytes, &series)?;
                     wrong_total += r.oop.wrong.unwrap_or(0) + r.ip.wrong.unwrap_or(0);
                     print(&format!("{}\n", report::row_line(&r)));
+                    if args.verbose {
+                        let b = breakdown::of(&comm.trace_events(), since);
+                        print(&format!("{}\n", breakdown::line(&b)));
+                    }
                     rows.push(r);
                 }
             }

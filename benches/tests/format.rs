@@ -280,6 +280,29 @@ fn a_traced_run_merges_into_one_timeline_with_every_ranks_calls() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `-v`: a breakdown line after every row, from rank 0's trace.
+#[test]
+fn verbose_rows_say_where_their_calls_spent_their_time() {
+    let (code, out, err) = run(
+        Coll::AllReduce,
+        &[
+            "-g", "2", "-b", "1K", "-e", "1M", "-f", "32", "-n", "3", "-v",
+        ],
+    );
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("breakdown (rank 0"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("send/recv") && l.contains("waiting")),
+        "{out}"
+    );
+}
+
 /// Every dtype and op, 3 ranks, 8 B to 1 MiB, on registered buffers.
 const REGISTERED_SWEEP: &[&str] = &[
     "--np",

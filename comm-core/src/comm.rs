@@ -770,6 +770,15 @@ impl Communicator {
         self.inner.flush_trace();
     }
 
+    /// The events of this rank's timeline trace so far, oldest first
+    /// (empty without `OXCCL_TRACE`).
+    pub fn trace_events(&self) -> Vec<crate::trace::Event> {
+        self.inner
+            .tracer
+            .as_ref()
+            .map_or_else(Vec::new, |t| t.events())
+    }
+
     /// Write this communicator's flight recorder into `dir` now (as a
     /// failed call does into `OXCCL_FLIGHT_DIR`); the file's path.
     pub fn dump_recent_calls(
