@@ -168,27 +168,10 @@ pub fn parse(path: &Path, text_: &str) -> Result<Dump, String> {
 
 /// Every dump in `dir` (`flight-*.json`), sorted by communicator and rank.
 pub fn load(dir: &Path) -> Result<Vec<Dump>, String> {
-    let entries =
-        std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-    let mut dumps = Vec::new();
-    for e in entries {
-        let path = e
-            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
-            .path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !(name.starts_with("flight-") && name.ends_with(".json")) {
-            continue;
-        }
-        let t = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        dumps.push(parse(&path, &t)?);
-    }
-    if dumps.is_empty() {
-        return Err(format!(
-            "no flight dumps (flight-*.json) in {} (set OXCCL_FLIGHT_DIR for the job)",
-            dir.display()
-        ));
-    }
+    let mut dumps = crate::read_files(dir, "flight-", "flight dumps", "OXCCL_FLIGHT_DIR")?
+        .iter()
+        .map(|(path, text)| parse(path, text))
+        .collect::<Result<Vec<_>, _>>()?;
     dumps.sort_by(|a, b| (&a.comm, a.rank).cmp(&(&b.comm, b.rank)));
     Ok(dumps)
 }

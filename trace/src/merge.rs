@@ -74,25 +74,10 @@ pub fn parse(path: &Path, text: &str) -> Result<RankTrace, String> {
 
 /// Every rank's trace in `dir` (`trace-*.json`), by communicator and rank.
 pub fn load(dir: &Path) -> Result<Vec<RankTrace>, String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir).map_err(|e| format!("cannot read {}: {e}", dir.display()))? {
-        let path = e
-            .map_err(|e| format!("cannot read {}: {e}", dir.display()))?
-            .path();
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
-        if !(name.starts_with("trace-") && name.ends_with(".json")) {
-            continue;
-        }
-        let t = std::fs::read_to_string(&path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        out.push(parse(&path, &t)?);
-    }
-    if out.is_empty() {
-        return Err(format!(
-            "no traces (trace-*.json) in {} (set OXCCL_TRACE for the job)",
-            dir.display()
-        ));
-    }
+    let mut out = crate::read_files(dir, "trace-", "traces", "OXCCL_TRACE")?
+        .iter()
+        .map(|(path, text)| parse(path, text))
+        .collect::<Result<Vec<_>, _>>()?;
     out.sort_by(|a, b| (&a.comm, a.rank).cmp(&(&b.comm, b.rank)));
     Ok(out)
 }
