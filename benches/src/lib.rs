@@ -107,10 +107,15 @@ pub fn main(coll: Coll) -> i32 {
 struct Job {
     cfg: Config,
     per_process: usize,
+    joins: Joins,
+}
+
+/// How a job's ranks find each other.
+enum Joins {
     /// Under a launcher: its rank, rank count, local rank and root.
-    launched: Option<oxccl::LaunchEnv>,
+    Launched(oxccl::LaunchEnv),
     /// Alone: the id its ranks share.
-    alone: Option<UniqueId>,
+    Alone(UniqueId),
 }
 
 impl Job {
@@ -131,45 +136,43 @@ impl Job {
             let pid = std::process::id();
             cfg.trace_dir = Some(std::env::temp_dir().join(format!("oxccl-perf-v-{pid}")));
         }
-        let (launched, alone) = match launch::under_launcher() {
-            true => (Some(oxccl::launch_env()?), None),
+        let joins = match launch::under_launcher() {
+            true => Joins::Launched(oxccl::launch_env()?),
             false => {
                 if cfg.socket_ifname.is_none() {
                     cfg.socket_ifname = Some("lo".into());
                 }
-                (None, Some(UniqueId::with_config(&cfg)?))
+                Joins::Alone(UniqueId::with_config(&cfg)?)
             }
         };
         Ok(Job {
             cfg,
             per_process: args.ranks_per_process(),
-            launched,
-            alone,
+            joins,
         })
     }
 
     /// Join as this process's rank `i` (of `per_process`).
     fn connect(&self, i: usize) -> oxccl::Result<Communicator> {
         let per = self.per_process;
-        match (&self.launched, &self.alone) {
-            (Some(env), _) => {
+        match &self.joins {
+            Joins::Launched(env) => {
                 let rank = env.rank * per + i;
                 let id = env.root.clone().into_id(rank, self.cfg.timeout)?;
                 Communicator::init_with_config(&id, rank, env.nranks * per, self.cfg.clone())
             }
-            (None, Some(id)) => Communicator::init_with_config(id, i, per, self.cfg.clone()),
-            (None, None) => unreachable!("a job is launched or alone"),
+            Joins::Alone(id) => Communicator::init_with_config(id, i, per, self.cfg.clone()),
         }
     }
 
     /// The local rank of this process's rank `i` (which GPU it takes).
     fn local(&self, i: usize) -> usize {
         // A launcher that names no local rank: the rank, as before.
-        let process = self
-            .launched
-            .as_ref()
-            .map(|e| e.local_rank.unwrap_or(e.rank));
-        process.unwrap_or(0) * self.per_process + i
+        let process = match &self.joins {
+            Joins::Launched(e) => e.local_rank.unwrap_or(e.rank),
+            Joins::Alone(_) => 0,
+        };
+        process * self.per_process + i
     }
 }
 

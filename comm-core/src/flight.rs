@@ -476,7 +476,7 @@ fn op_name(f: &Fingerprint) -> String {
 }
 
 /// `s` as a JSON string.
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
     q.push('"');
     for c in s.chars() {

@@ -244,10 +244,9 @@ impl Tracer {
         s.push_str("{\"traceEvents\": [\n");
         let _ = write!(
             s,
-            "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"args\": {{\"name\": \"rank {} ({})\"}}}}",
+            "{{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": {}, \"tid\": 0, \"args\": {{\"name\": {}}}}}",
             who.rank,
-            who.rank,
-            who.host.replace(['"', '\\'], "_")
+            crate::flight::quote(&format!("rank {} ({})", who.rank, who.host))
         );
         for e in self.events() {
             let us = |ns: u64| ns as f64 / 1000.0;

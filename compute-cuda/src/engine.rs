@@ -445,6 +445,11 @@ impl Compute for CudaCompute {
         Ok(Some(*self.wake))
     }
 
+    fn fence(&mut self) -> Result<Pending> {
+        self.bind()?;
+        self.issued()
+    }
+
     fn quiesce(&mut self) -> Result<()> {
         self.bind()?;
         self.stream

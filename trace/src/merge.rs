@@ -113,7 +113,8 @@ pub fn merge(traces: &[RankTrace]) -> Value {
             obj.insert("pid".into(), json!(pid));
             if obj.get("ph").and_then(Value::as_str) == Some("M") {
                 if several {
-                    let name = format!("comm {} rank {}", &t.comm[..8.min(t.comm.len())], t.rank);
+                    let short: String = t.comm.chars().take(8).collect();
+                    let name = format!("comm {short} rank {}", t.rank);
                     obj.insert("args".into(), json!({ "name": name }));
                 }
             } else if let Some(g) = global(t, &Value::Object(obj.clone())) {
@@ -232,6 +233,11 @@ mod tests {
         assert_eq!(c.named, [0, 1]);
         assert!(check(&json!({"traceEvents": [{"name": "x", "ph": "X", "pid": 0, "tid": 0, "ts": -1.0, "dur": 1.0}]})).is_err());
         assert!(check(&json!({"events": []})).is_err());
+        // Two communicators (named by a short comm id, whatever its text).
+        let mut other = rank(0, 1_000_000, 0, 12.0);
+        other.comm = "aéééééééé".into();
+        let m = merge(&[rank(0, 1_000_000, 0, 10.0), other]);
+        assert_eq!(check(&m).unwrap().named, [0, 1]);
         assert!(parse(Path::new("t.json"), "{\"traceEvents\": []}").is_err());
     }
 }

@@ -78,7 +78,7 @@ fn evidence(d: &Dump, c: &Call) -> String {
         c.state
     );
     if let Some(end) = c.ended_us {
-        let _ = write!(s, " after {} us", end - c.started_us);
+        let _ = write!(s, " after {} us", end.saturating_sub(c.started_us));
     }
     if c.waiting_total > 0 {
         let _ = write!(
@@ -192,7 +192,7 @@ fn analyse(comm: &str, ds: &[&Dump]) -> Finding {
         if starts.len() == ds.len() && starts.len() > 1 {
             let first = starts.iter().map(|s| s.1).min().unwrap();
             let (late, at) = starts.iter().max_by_key(|s| s.1).copied().unwrap();
-            f.stragglers.push((seq, late, at - first));
+            f.stragglers.push((seq, late, at.saturating_sub(first)));
         }
     }
     f.stragglers

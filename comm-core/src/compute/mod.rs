@@ -83,6 +83,13 @@ pub trait Compute: Send {
     fn quiesce(&mut self) -> Result<()> {
         Ok(())
     }
+    /// A ticket that completes once all work started so far, and what the
+    /// engine itself waits for, has completed (a device engine's stream may
+    /// wait for a caller's stream); polled like any work, so the waiter
+    /// keeps its deadline.
+    fn fence(&mut self) -> Result<Pending> {
+        Ok(Pending::DONE)
+    }
     /// Called before the executor sleeps with work of this engine in
     /// flight: an fd that becomes readable once the work started so far
     /// may have completed (an engine may arrange that wake-up only now,

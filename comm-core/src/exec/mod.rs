@@ -665,9 +665,26 @@ fn execute_with(
                         // Peers read this rank's buffers once it arrives:
                         // a device engine may still be waiting for the
                         // caller's stream to finish writing them (a
-                        // stream-ordered call), so its queue drains first
-                        // (immediate for the CPU engine).
-                        compute.quiesce()?;
+                        // stream-ordered call), so its queue drains first,
+                        // within the call's deadline (immediate for the CPU
+                        // engine).
+                        let fence = compute.fence()?;
+                        let sleep = Sleep::new(cx.deadline);
+                        while !compute.poll(fence)? {
+                            if let Err(stop) = sleep.look(cx.aborted, cx.control.is_gone()) {
+                                return Err(cx.stopped(stop, |cx| {
+                                    (
+                                        format!(
+                                            "this rank's {} engine to finish the work {} waits for (the caller's stream)",
+                                            compute.name(),
+                                            cx.during
+                                        ),
+                                        None,
+                                    )
+                                }));
+                            }
+                            std::thread::yield_now();
+                        }
                     }
                     let dx = direct_ctx(cx)?;
                     let target = dx.base.wrapping_add(syncs_passed + 1);
