@@ -270,9 +270,33 @@ class OxcclBackend(_c10d.Backend):
         # backend's options ends here instead of recursing.
         return _c10d.Backend.Options(NAME, self._timeout)
 
+    # torch reads these capability flags through Python attribute lookup;
+    # each must be defined here, or the lookup recurses into the base class.
     @property
     def supports_splitting(self) -> bool:
         return True
+
+    @property
+    def supports_coalescing(self) -> bool:
+        # Sends and receives are posted at once anyway (each `isend` is a
+        # group of its own), so `batch_isend_irecv` needs no coalescing.
+        return False
+
+    @property
+    def supports_shrinking(self) -> bool:
+        return False
+
+    @property
+    def supports_reconfigure(self) -> bool:
+        return False
+
+    @property
+    def supports_window(self) -> bool:
+        return False
+
+    @property
+    def _supports_time_estimate(self) -> bool:
+        return False
 
     def split(self, store, ranks, opts):
         """A backend for `ranks` (this group's ranks, in the new order):
