@@ -239,6 +239,44 @@ class _Work(_c10d.Work):
         self.wait()
 
 
+class _Done(_c10d.Work):
+    """A call that completed before its work was made (the fast path of
+    blocking calls: the least torch's dispatch costs on top of the call)."""
+
+    def __init__(self, result):
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self):
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        f = torch.futures.Future()
+        f.set_result(self._result)
+        return f
+
+    def synchronize(self) -> None:
+        pass
+
+
+def _plain(t) -> bool:
+    """Whether `t` can go straight to the communicator: a dense,
+    contiguous CPU tensor."""
+    return t.is_cpu and t.layout == torch.strided and t.is_contiguous()
+
+
 class OxcclBackend(_c10d.Backend):
     """``torch.distributed`` on oxccl (see the module's documentation)."""
 
@@ -371,7 +409,22 @@ class OxcclBackend(_c10d.Backend):
 
     # -- collectives ----------------------------------------------------------
 
+    def _now(self, kind, send, recv, dtype, op, root, result):
+        """Run one collective here and now (the blocking fast path)."""
+        try:
+            self._comm.collective(kind, send, recv, dtype, op, root, True)
+        except CommError as e:
+            raise _error(e) from None
+        return _Done(result)
+
     def allreduce(self, tensors, opts=None):
+        if opts is not None and not opts.asyncOp and len(tensors) == 1:
+            # The common blocking call, without building a plan.
+            t = tensors[0]
+            dtype, op = _REDUCIBLE.get(t.dtype), _OPS.get(int(opts.reduceOp.op))
+            if dtype is not None and op is not None and _plain(t):
+                span = (t.data_ptr(), t.numel() * t.element_size())
+                return self._now("all_reduce", None, span, dtype, op, 0, tensors)
         opts = opts or _c10d.AllreduceOptions()
         plan = _Plan(tensors)
         for i, t in enumerate(tensors):
@@ -385,6 +438,11 @@ class OxcclBackend(_c10d.Backend):
         return self.allreduce(tensors, opts or _c10d.AllreduceOptions())
 
     def broadcast(self, tensors, opts=None):
+        if opts is not None and not opts.asyncOp and len(tensors) == 1:
+            t, root = tensors[0], opts.rootRank
+            if _plain(t) and 0 <= root < self.size():
+                span = (t.data_ptr(), t.numel() * t.element_size())
+                return self._now("broadcast", None, span, _BYTES, _SUM, root, tensors)
         opts = opts or _c10d.BroadcastOptions()
         root = self._root(opts.rootRank)
         plan = _Plan(tensors)
@@ -414,6 +472,18 @@ class OxcclBackend(_c10d.Backend):
         return self._run(plan, opts)
 
     def all_gather_single(self, output, input, opts=None):
+        if (
+            opts is not None
+            and not opts.asyncOp
+            and _plain(output)
+            and _plain(input)
+            and output.dtype == input.dtype
+            and output.numel() == input.numel() * self.size()
+        ):
+            es = input.element_size()
+            send = (input.data_ptr(), input.numel() * es)
+            recv = (output.data_ptr(), output.numel() * es)
+            return self._now("all_gather", send, recv, _BYTES, _SUM, 0, [output])
         opts = opts or _c10d.AllgatherOptions()
         _cpu(output, "output")
         _cpu(input, "input")

@@ -394,7 +394,7 @@ def scenario_mismatch():
     dist.all_reduce(torch.ones(4))
     try:
         if RANK == 1:
-            dist.all_gather_into_tensor(torch.empty(4), torch.ones(4 // WORLD))
+            dist.all_gather_into_tensor(torch.empty(4 * WORLD), torch.ones(4))
         else:
             dist.all_reduce(torch.ones(4))
         result(raised=False)
