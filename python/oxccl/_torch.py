@@ -144,6 +144,19 @@ class _Completer:
             w._settle(None)
 
 
+def _raise_error(outcome: torch.futures.Future):
+    """A work's future is this callback's: the outcome future holds the
+    result or the exception as a value, and raising here marks the chained
+    future failed in C++. (`Future.set_exception` marks only its Python
+    wrapper, which is lost when the future goes through torch's C++, e.g.
+    DDP's reducer or `Work.get_future()` on the work torch hands back: the
+    error would come back as a value.)"""
+    v = outcome.value()
+    if isinstance(v, BaseException):
+        raise v
+    return v
+
+
 class _Work(_c10d.Work):
     """A call (or several, run as one) of the backend."""
 
@@ -155,7 +168,10 @@ class _Work(_c10d.Work):
         self._exc: BaseException | None = None
         self._over = False
         self._lock = threading.Lock()
+        # get_future's future, and the one its outcome is set on (see
+        # `_raise_error`).
         self._future: torch.futures.Future | None = None
+        self._outcome: torch.futures.Future | None = None
         if not self._calls:
             self._complete()
 
@@ -168,12 +184,8 @@ class _Work(_c10d.Work):
             self._exc = e
         self._over = True
         self._plan.keep = []
-        fut = self._future
-        if fut is not None and not fut.done():
-            if self._exc is None:
-                fut.set_result(self._plan.result)
-            else:
-                fut.set_exception(self._exc)
+        if self._outcome is not None and not self._outcome.done():
+            self._outcome.set_result(self._plan.result if self._exc is None else self._exc)
 
     def _settle(self, timeout: float | None) -> bool:
         """Wait for the calls (at most `timeout` seconds each); whether
@@ -225,12 +237,10 @@ class _Work(_c10d.Work):
     def get_future(self) -> torch.futures.Future:
         with self._lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                self._outcome = torch.futures.Future()
+                self._future = self._outcome.then(_raise_error)
                 if self._over:
-                    if self._exc is None:
-                        self._future.set_result(self._plan.result)
-                    else:
-                        self._future.set_exception(self._exc)
+                    self._complete()
                 else:
                     self._backend._completer.add(self)
             return self._future

@@ -28,17 +28,21 @@ def test_training_matches_gloo(wrapper, world):
     assert len({round(x, 6) for x in ox[0]["losses"]}) > 1
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_sigkilled_rank_raises_on_every_survivor(world):
+@pytest.mark.parametrize("world,mode", [(2, "blocking"), (4, "blocking"), (4, "async")])
+def test_sigkilled_rank_raises_on_every_survivor(world, mode):
     victim = world - 1
-    ranks = launch(world, "kill", victim)
+    ranks = launch(world, "kill", victim, mode)
     assert ranks[victim][0] == -signal.SIGKILL
     for r, (code, res, err) in enumerate(ranks):
         if r == victim:
             continue
         assert code == 0 and res, f"survivor {r} exited {code}:\n{err[-3000:]}"
         assert res["raised"], f"survivor {r} did not raise"
-        assert res["rank"] == victim, f"survivor {r} blamed {res['rank']}: {res['message']}"
+        if mode == "blocking":
+            assert res["type"] == "OxcclError" and res["kind"] == "peer_lost", res
+            assert res["rank"] == victim, f"survivor {r} blamed {res['rank']}: {res['message']}"
+        else:  # through a future: torch's RuntimeError with oxccl's message
+            assert f"rank {victim} " in res["message"] and "lost" in res["message"], res
         assert res["seconds"] < 10, f"survivor {r} took {res['seconds']:.1f} s"
 
 
@@ -57,3 +61,12 @@ def test_rank_that_never_arrives_is_named_at_the_timeout():
         assert res["raised"], f"rank {r} did not raise"
         assert res["rank"] == 2, f"rank {r} blamed {res['rank']}: {res['message']}"
         assert 2.5 < res["seconds"] < 8, f"rank {r} raised after {res['seconds']:.1f} s"
+
+
+def test_work_wait_timeout_raises_and_aborts_for_every_rank():
+    (c0, r0, e0), (c1, r1, e1) = launch(2, "wait_timeout")
+    assert c0 == 0 and r0, e0[-3000:]
+    assert c1 == 0 and r1, e1[-3000:]
+    assert r0["raised"] and r0["kind"] == "timeout", r0
+    assert 0.8 < r0["seconds"] < 4, r0
+    assert r1["raised"] and r1["kind"] == "aborted" and r1["rank"] == 0, r1

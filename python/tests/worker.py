@@ -365,9 +365,11 @@ def scenario_fsdp(backend):
 
 # -- failures -------------------------------------------------------------------
 
-def scenario_kill(victim):
+def scenario_kill(victim, mode="blocking"):
     """Every rank all-reduces in a loop; `victim` SIGKILLs itself after 20
-    calls. The survivors must raise naming it, within seconds."""
+    calls. The survivors must raise naming it, within seconds. `mode`:
+    `blocking` calls, or `async` ones waited for through their futures
+    (DDP's way)."""
     victim = int(victim)
     init("oxccl", timeout=120.0)
     t = torch.ones(1 << 12)
@@ -378,11 +380,35 @@ def scenario_kill(victim):
                 os.kill(os.getpid(), signal.SIGKILL)
             if i == 20:
                 t0 = time.monotonic()
-            dist.all_reduce(t)
+            if mode == "async":
+                dist.all_reduce(t, async_op=True).get_future().wait()
+            else:
+                dist.all_reduce(t)
             i += 1
             if i > 20 and time.monotonic() - t0 > 60:
                 result(raised=False)
                 return
+    except Exception as e:
+        # Through a future the error is torch's RuntimeError carrying
+        # oxccl's message (torch's futures keep no exception type).
+        result(raised=True, type=type(e).__name__, kind=getattr(e, "kind", None),
+               rank=getattr(e, "rank", None), seconds=time.monotonic() - t0, message=str(e))
+
+
+def scenario_wait_timeout():
+    """Rank 1 arrives 5 s late; rank 0's `Work.wait(timeout=1 s)` raises
+    after about 1 s and aborts, and rank 1's call then fails naming rank 0
+    as the one that aborted."""
+    init("oxccl", timeout=60.0)
+    dist.all_reduce(torch.ones(4))
+    t0 = time.monotonic()
+    try:
+        if RANK == 1:
+            time.sleep(5)
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.all_reduce(torch.ones(4), async_op=True).wait(timedelta(seconds=1))
+        result(raised=False)
     except oxccl.OxcclError as e:
         result(raised=True, kind=e.kind, rank=e.rank, seconds=time.monotonic() - t0,
                message=str(e))
