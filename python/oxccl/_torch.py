@@ -16,6 +16,7 @@ queued on the communicator, in issue order, and complete in the background.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from datetime import timedelta
@@ -287,8 +288,10 @@ def _plain(t) -> bool:
     return t.is_cpu and t.layout == torch.strided and t.is_contiguous()
 
 
-class OxcclBackend(_c10d.Backend):
-    """``torch.distributed`` on oxccl (see the module's documentation)."""
+class _Methods:
+    """The backend's methods, on top of torch's `Backend` (the Python path:
+    :class:`OxcclBackend`) or of the C++ fast path's `FastBackend` (see
+    :func:`backend_class`)."""
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta):
         super().__init__(rank, size)
@@ -306,6 +309,8 @@ class OxcclBackend(_c10d.Backend):
         except CommError as e:
             raise _error(e) from None
         self._completer = _Completer()
+        if hasattr(self, "_set_entry"):  # the C++ fast path
+            self._set_entry(self, *self._comm.raw_entry())
 
     # -- what torch asks of every backend ---------------------------------
 
@@ -350,7 +355,7 @@ class OxcclBackend(_c10d.Backend):
         """A backend for `ranks` (this group's ranks, in the new order):
         a fresh communicator met through `store` (the new group's)."""
         timeout = opts._timeout if opts is not None else self._timeout
-        return OxcclBackend(store, list(ranks).index(self.rank()), len(ranks), timeout)
+        return type(self)(store, list(ranks).index(self.rank()), len(ranks), timeout)
 
     def abort(self) -> None:
         self._comm.abort()
@@ -769,11 +774,51 @@ class _Part:
         return self._work.is_completed()
 
 
+class OxcclBackend(_Methods, _c10d.Backend):
+    """``torch.distributed`` on oxccl, every call through Python (see the
+    module's documentation)."""
+
+
+_CLASS = None
+
+
+def backend_class():
+    """The class backends are made of: with the C++ fast path when it is
+    built (`_fast.py`), blocking calls on plain tensors skip Python."""
+    global _CLASS
+    if _CLASS is None:
+        from . import _fast
+
+        fast = _fast.load()
+        if fast is None:
+            _CLASS = OxcclBackend
+        else:
+            _CLASS = type(
+                "OxcclFastBackend",
+                (_Methods, fast.FastBackend),
+                {"__doc__": OxcclBackend.__doc__ + " Blocking calls on plain tensors run in C++."},
+            )
+    return _CLASS
+
+
+def _raise_raw(kind: str, rank: int, message: str):
+    """The fast path's errors, raised as the Python path raises them."""
+    raise OxcclError(message, kind, None if rank < 0 else rank)
+
+
 def _create(store, rank, size, timeout):
-    return OxcclBackend(store, rank, size, timeout)
+    return backend_class()(store, rank, size, timeout)
 
 
 def register() -> None:
     """Register the backend with torch (done by ``import oxccl``)."""
     if NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(NAME, _create, devices=["cpu"])
+    # oxccl records every call in its own flight recorder (dumped on
+    # failures, read by `oxccl-trace why`), as NCCL's backend records its
+    # own: torch's generic recorder hook would cost about 9 us per call on
+    # top (measured, docs/PERFORMANCE.md). OXCCL_TORCH_FLIGHT_RECORDER=1
+    # keeps it.
+    own = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(own, set) and os.environ.get("OXCCL_TORCH_FLIGHT_RECORDER", "").strip() != "1":
+        own.add(NAME)

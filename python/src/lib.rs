@@ -285,6 +285,17 @@ impl Comm {
         Ok(Some(CallWork::new(comm.barrier_async())))
     }
 
+    /// `(function, communicator)` addresses for callers in C or C++ that
+    /// run blocking collectives without Python (the torch backend's fast
+    /// path): the function is [`oxccl_py_collective`]; the communicator
+    /// stays valid while this `Comm` lives.
+    fn raw_entry(&self) -> (usize, usize) {
+        (
+            oxccl_py_collective as *const () as usize,
+            Arc::as_ptr(&self.comm) as usize,
+        )
+    }
+
     /// Fail every pending and later call of this communicator, on every
     /// rank (each survivor learns that this rank aborted).
     fn abort(&self) {
@@ -355,6 +366,87 @@ impl CallWork {
         match &*self.state.lock().unwrap() {
             WorkState::Pending(w) => w.is_done(),
             WorkState::Done(_) => true,
+        }
+    }
+}
+
+/// A failed raw call's error, for C callers (NUL-terminated texts,
+/// truncated to fit).
+#[repr(C)]
+pub struct RawError {
+    /// `CommError.kind`'s value.
+    pub kind: [u8; 32],
+    /// The blamed rank, or -1.
+    pub rank: i64,
+    /// The error's message.
+    pub message: [u8; 1024],
+}
+
+fn copy_text(dst: &mut [u8], text: &str) {
+    let n = text.len().min(dst.len() - 1);
+    dst[..n].copy_from_slice(&text.as_bytes()[..n]);
+    dst[n] = 0;
+}
+
+/// Run a blocking collective for C callers: `comm` from
+/// `Comm.raw_entry`, `kind` a collective's name code (1: all_reduce, 2:
+/// all_gather, 3: reduce_scatter, 4: broadcast, 5: reduce, 6: all_to_all),
+/// `send` null for in place, codes as `Comm.collective`'s. 0 on success;
+/// -1 with `err` filled on failure. Never unwinds.
+///
+/// # Safety
+/// `comm` must come from `raw_entry` of a live `Comm`; the buffers must be
+/// valid for their lengths for the whole call and touched by nothing else;
+/// `err` must point to a writable `RawError`.
+#[no_mangle]
+pub unsafe extern "C" fn oxccl_py_collective(
+    comm: *const Communicator,
+    kind: u8,
+    send: *const u8,
+    send_len: usize,
+    recv: *mut u8,
+    recv_len: usize,
+    dtype_code: u8,
+    op_code: u8,
+    root: usize,
+    err: *mut RawError,
+) -> i32 {
+    let run = || -> Result<(), Error> {
+        let kind = oxccl::Kind::from_code(kind)
+            .filter(|k| Kind::COLLECTIVES.contains(k) && *k != Kind::Barrier)
+            .ok_or_else(|| Error::invalid(format!("no collective has code {kind}")))?;
+        let dtype = DataType::ALL
+            .get(dtype_code as usize)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("no data type has code {dtype_code}")))?;
+        let op = ReduceOp::ALL
+            .get(op_code as usize)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("no reduction has code {op_code}")))?;
+        let span = |addr: usize, len: usize| Region {
+            space: MemorySpace::Host,
+            addr: if len == 0 { Region::EMPTY.addr } else { addr },
+            len,
+        };
+        let send = (!send.is_null()).then(|| span(send as usize, send_len));
+        // SAFETY: the caller's contract: a live communicator, valid buffers.
+        unsafe {
+            (*comm).collective_regions(kind, send, span(recv as usize, recv_len), dtype, op, root)
+        }
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        Ok(Ok(())) => 0,
+        outcome => {
+            let e = match outcome {
+                Ok(Err(e)) => e,
+                _ => Error::invalid("oxccl panicked in a raw collective (a bug: please report it)"),
+            };
+            // SAFETY: the caller's contract: `err` is writable.
+            let out = unsafe { &mut *err };
+            copy_text(&mut out.kind, error_kind(&e));
+            out.rank = e.blamed_rank().map_or(-1, |r| r as i64);
+            copy_text(&mut out.message, &e.to_string());
+            -1
         }
     }
 }

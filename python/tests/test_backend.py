@@ -7,9 +7,11 @@ import pytest
 from conftest import launch, ok
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_every_operation_matches_gloo(world):
-    res = ok(launch(world, "ops"))
+@pytest.mark.parametrize("world,fast", [(2, "1"), (4, "1"), (2, "0")])
+def test_every_operation_matches_gloo(world, fast):
+    # fast "0": every call through the Python path, none through C++
+    res = ok(launch(world, "ops", env={"OXCCL_TORCH_FAST": fast}))
+    assert all(r["backend"] == ("OxcclFastBackend" if fast == "1" else "OxcclBackend") for r in res)
     assert all(r["checked"] == res[0]["checked"] > 100 for r in res)
 
 

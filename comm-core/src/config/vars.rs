@@ -267,6 +267,16 @@ pub const VARS: &[Var] = &[
         what: "deadline of every wait",
     },
     Var {
+        name: "OXCCL_TORCH_FAST",
+        kind: Kind::Text,
+        what: "the torch backend's C++ fast path: `0` runs every call through Python, `verbose` shows its build (read by the Python package)",
+    },
+    Var {
+        name: "OXCCL_TORCH_FLIGHT_RECORDER",
+        kind: Kind::Text,
+        what: "`1` keeps torch's own flight-recorder hook on oxccl process groups (by default oxccl records the calls itself; read by the Python package)",
+    },
+    Var {
         name: "OXCCL_TRACE",
         kind: Kind::Text,
         what: "folder each rank writes its timeline trace into (trace-COMM-rankR.json, for Perfetto; oxccl-trace merge joins them)",
