@@ -100,6 +100,8 @@ def timed(op, iters, sync):
 def iterations(op, target, sync):
     """Iterations that fill `target` seconds (agreed by all ranks)."""
     est = timed(op, 3, sync)
+    if est < 1e-3:  # the first calls are cold: estimate again on more
+        est = timed(op, 200, sync)
     n = torch.tensor([min(MAX_ITERS, max(5, int(target / max(est, 1e-9))))])
     dist.broadcast(n, src=0, group=sync)
     return int(n.item())

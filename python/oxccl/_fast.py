@@ -11,6 +11,7 @@ call).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -34,7 +35,12 @@ def load():
                 os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         except ImportError:
             pass
-        name = "oxccl_fast_" + torch.__version__.replace(".", "_").replace("+", "_")
+        # One build per torch version, source text and place: two
+        # installations (a virtual environment, a source tree) must not
+        # share a build folder, or each would rebuild over the other.
+        key = hashlib.sha1(f"{_SOURCE}\0{_SOURCE.read_text()}".encode()).hexdigest()[:12]
+        torch_version = torch.__version__.replace(".", "_").replace("+", "_")
+        name = f"oxccl_fast_{torch_version}_{key}"
         return cpp_extension.load(
             name=name,
             sources=[str(_SOURCE)],

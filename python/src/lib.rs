@@ -80,18 +80,21 @@ fn seconds(s: f64, what: &str) -> PyResult<Duration> {
         })
 }
 
-fn dtype(code: u8) -> PyResult<DataType> {
+// The decoders below serve both entries: Python's (a `ValueError` through
+// `arg`) and C's (the error's text in `RawError`).
+
+fn dtype(code: u8) -> Result<DataType, Error> {
     DataType::ALL
         .get(code as usize)
         .copied()
-        .ok_or_else(|| invalid(format!("no oxccl data type has code {code}")))
+        .ok_or_else(|| Error::invalid(format!("no oxccl data type has code {code}")))
 }
 
-fn reduce_op(code: u8) -> PyResult<ReduceOp> {
+fn reduce_op(code: u8) -> Result<ReduceOp, Error> {
     ReduceOp::ALL
         .get(code as usize)
         .copied()
-        .ok_or_else(|| invalid(format!("no oxccl reduction has code {code}")))
+        .ok_or_else(|| Error::invalid(format!("no oxccl reduction has code {code}")))
 }
 
 fn kind(name: &str) -> PyResult<Kind> {
@@ -102,15 +105,22 @@ fn kind(name: &str) -> PyResult<Kind> {
 }
 
 /// Host memory at `addr` of `len` bytes (a tensor's storage).
-fn region((addr, len): (usize, usize)) -> PyResult<Region> {
+fn region(addr: usize, len: usize) -> Result<Region, Error> {
     if addr == 0 && len > 0 {
-        return Err(invalid(format!("a buffer of {len} bytes at address 0")));
+        return Err(Error::invalid(format!(
+            "a buffer of {len} bytes at address 0"
+        )));
     }
     Ok(Region {
         space: MemorySpace::Host,
         addr: if len == 0 { Region::EMPTY.addr } else { addr },
         len,
     })
+}
+
+/// An argument error for Python: a `ValueError` with the error's text.
+fn arg(e: Error) -> PyErr {
+    invalid(e.to_string())
 }
 
 /// How ranks find each other: `oxccl1:<secret>@<address>`. Made by one
@@ -211,9 +221,10 @@ impl Comm {
         wait: bool,
     ) -> PyResult<Option<CallWork>> {
         let kind = kind(kind_name)?;
-        let send = send.map(region).transpose()?;
-        let recv = region(recv)?;
-        let (dtype, op) = (dtype(dtype_code)?, reduce_op(op_code)?);
+        let send = send.map(|(a, n)| region(a, n)).transpose().map_err(arg)?;
+        let recv = region(recv.0, recv.1).map_err(arg)?;
+        let dtype = dtype(dtype_code).map_err(arg)?;
+        let op = reduce_op(op_code).map_err(arg)?;
         let comm = &self.comm;
         if wait {
             // SAFETY: the Python layer passes the storage of tensors it
@@ -245,7 +256,7 @@ impl Comm {
     fn p2p(&self, py: Python<'_>, ops: Vec<P2pOp>, wait: bool) -> PyResult<Option<CallWork>> {
         let mut regions = Vec::with_capacity(ops.len());
         for (is_send, addr, len, peer) in ops {
-            regions.push((is_send, region((addr, len))?, peer));
+            regions.push((is_send, region(addr, len).map_err(arg)?, peer));
         }
         let add = move |g: &mut oxccl::Group<'_>| {
             for &(is_send, r, peer) in &regions {
@@ -415,24 +426,14 @@ pub unsafe extern "C" fn oxccl_py_collective(
         let kind = oxccl::Kind::from_code(kind)
             .filter(|k| Kind::COLLECTIVES.contains(k) && *k != Kind::Barrier)
             .ok_or_else(|| Error::invalid(format!("no collective has code {kind}")))?;
-        let dtype = DataType::ALL
-            .get(dtype_code as usize)
-            .copied()
-            .ok_or_else(|| Error::invalid(format!("no data type has code {dtype_code}")))?;
-        let op = ReduceOp::ALL
-            .get(op_code as usize)
-            .copied()
-            .ok_or_else(|| Error::invalid(format!("no reduction has code {op_code}")))?;
-        let span = |addr: usize, len: usize| Region {
-            space: MemorySpace::Host,
-            addr: if len == 0 { Region::EMPTY.addr } else { addr },
-            len,
+        let (dtype, op) = (dtype(dtype_code)?, reduce_op(op_code)?);
+        let send = match send.is_null() {
+            true => None,
+            false => Some(region(send as usize, send_len)?),
         };
-        let send = (!send.is_null()).then(|| span(send as usize, send_len));
+        let recv = region(recv as usize, recv_len)?;
         // SAFETY: the caller's contract: a live communicator, valid buffers.
-        unsafe {
-            (*comm).collective_regions(kind, send, span(recv as usize, recv_len), dtype, op, root)
-        }
+        unsafe { (*comm).collective_regions(kind, send, recv, dtype, op, root) }
     };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
         Ok(Ok(())) => 0,
