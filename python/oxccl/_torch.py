@@ -177,9 +177,10 @@ class _Work(_c10d.Work):
             self._complete()
 
     def _complete(self) -> None:
-        """The calls succeeded: finish the plan, settle the future."""
+        """The calls are over: finish the plan (once), settle the future."""
+        after, self._plan.after = self._plan.after, []
         try:
-            for f in self._plan.after:
+            for f in after if self._exc is None else ():
                 f()
         except BaseException as e:  # a copy that fails is this call's error
             self._exc = e
@@ -241,7 +242,7 @@ class _Work(_c10d.Work):
                 self._outcome = torch.futures.Future()
                 self._future = self._outcome.then(_raise_error)
                 if self._over:
-                    self._complete()
+                    self._outcome.set_result(self._plan.result if self._exc is None else self._exc)
                 else:
                     self._backend._completer.add(self)
             return self._future
