@@ -168,7 +168,8 @@ class _Work(_c10d.Work):
         self._plan = plan
         self._exc: BaseException | None = None
         self._over = False
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # held by a waiter for the whole wait
+        self._flock = threading.Lock()  # the future and `_over`: never held long
         # get_future's future, and the one its outcome is set on (see
         # `_raise_error`).
         self._future: torch.futures.Future | None = None
@@ -184,10 +185,12 @@ class _Work(_c10d.Work):
                 f()
         except BaseException as e:  # a copy that fails is this call's error
             self._exc = e
-        self._over = True
         self._plan.keep = []
-        if self._outcome is not None and not self._outcome.done():
-            self._outcome.set_result(self._plan.result if self._exc is None else self._exc)
+        with self._flock:
+            self._over = True
+            outcome = self._outcome
+        if outcome is not None and not outcome.done():
+            outcome.set_result(self._plan.result if self._exc is None else self._exc)
 
     def _settle(self, timeout: float | None) -> bool:
         """Wait for the calls (at most `timeout` seconds each); whether
@@ -237,15 +240,19 @@ class _Work(_c10d.Work):
         return self._plan.result
 
     def get_future(self) -> torch.futures.Future:
-        with self._lock:
-            if self._future is None:
-                self._outcome = torch.futures.Future()
-                self._future = self._outcome.then(_raise_error)
-                if self._over:
-                    self._outcome.set_result(self._plan.result if self._exc is None else self._exc)
-                else:
-                    self._backend._completer.add(self)
-            return self._future
+        # Not under `_lock`: a thread blocked in `wait` must not hold up
+        # another that only asks for the future.
+        with self._flock:
+            if self._future is not None:
+                return self._future
+            self._outcome = torch.futures.Future()
+            self._future = self._outcome.then(_raise_error)
+            over = self._over
+        if over:
+            self._outcome.set_result(self._plan.result if self._exc is None else self._exc)
+        else:
+            self._backend._completer.add(self)
+        return self._future
 
     def synchronize(self) -> None:
         self.wait()

@@ -373,10 +373,14 @@ impl CallWork {
     }
 
     /// Whether the call is over (then `wait` returns at once).
+    /// Never blocks: while another thread waits on the call (holding its
+    /// state), the outcome is not recorded yet and the answer is "not yet".
     fn is_done(&self) -> bool {
-        match &*self.state.lock().unwrap() {
-            WorkState::Pending(w) => w.is_done(),
-            WorkState::Done(_) => true,
+        match self.state.try_lock().as_deref() {
+            Ok(WorkState::Pending(w)) => w.is_done(),
+            Ok(WorkState::Done(_)) => true,
+            Err(std::sync::TryLockError::WouldBlock) => false,
+            Err(std::sync::TryLockError::Poisoned(_)) => true,
         }
     }
 }
