@@ -583,12 +583,6 @@ fn main() {
             _ => unreachable!(),
         };
         let at = current_step(&full, &shard);
-        if let Some(path) = cli.checkpoint.as_ref().filter(|_| {
-            cli.checkpoint_every > 0 && at % cli.checkpoint_every == 0 && at < cli.steps
-        }) {
-            ckpt.save(path, &full, &shard, comm.as_ref())
-                .unwrap_or_else(|e| fail(&e));
-        }
         bar.set_position(at);
         bar.set_message(format!(
             "loss {:.4}  {:.0} tokens/s  comm {:.0}%",
@@ -601,15 +595,25 @@ fn main() {
         secs += s.seconds;
         comm_secs += s.comm_seconds;
         if let Some(f) = metrics.as_mut() {
-            writeln!(
-                f,
-                "{at},{:.6},{:.1},{:.4},{}",
+            // One write per row: a rank stopped mid-row leaves no half line
+            // for the restarted run to append to.
+            let row = format!(
+                "{at},{:.6},{:.1},{:.4},{}\n",
                 s.loss,
                 s.tokens as f64 * n as f64 / s.seconds,
                 s.comm_seconds / s.seconds,
                 s.comm_bytes
-            )
-            .unwrap();
+            );
+            f.write_all(row.as_bytes()).unwrap();
+        }
+        // The step's row before its checkpoint: a rank stopped between the
+        // two must not leave a checkpoint whose step has no row (a restart
+        // resumes after the checkpoint and would never write it).
+        if let Some(path) = cli.checkpoint.as_ref().filter(|_| {
+            cli.checkpoint_every > 0 && at % cli.checkpoint_every == 0 && at < cli.steps
+        }) {
+            ckpt.save(path, &full, &shard, comm.as_ref())
+                .unwrap_or_else(|e| fail(&e));
         }
         if leader && (at % cli.log_every == 0 || at == cli.steps) {
             println!(
