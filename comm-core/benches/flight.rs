@@ -9,10 +9,11 @@
 
 use comm_core::call::{Fingerprint, Kind};
 use comm_core::flight::FlightRecorder;
+use comm_core::sys::Stamp;
 use comm_core::trace::Tracer;
 use comm_core::{DataType, ReduceOp};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn bench(c: &mut Criterion) {
     let fp = Fingerprint::new(Kind::AllReduce, DataType::F32, 2).with_op(ReduceOp::Sum);
@@ -20,7 +21,7 @@ fn bench(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300));
     let rec = FlightRecorder::new(256);
-    let t = Instant::now();
+    let t = Stamp::now();
     let mut seq = 0u64;
     g.bench_function("start_and_end_per_call", |b| {
         b.iter(|| {

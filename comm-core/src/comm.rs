@@ -24,6 +24,7 @@ use crate::mem::shared::SharedMaps;
 use crate::mem::Region;
 use crate::schedule::Action;
 use crate::schedule::Schedule;
+use crate::sys::Stamp;
 use crate::transport::net;
 use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
@@ -116,7 +117,7 @@ pub(crate) struct State {
     call_timeout: Option<Duration>,
     /// When the call about to run was issued, for a queued one (its
     /// closure waited on the worker); the flight recorder's `issued`.
-    issued: Option<Instant>,
+    issued: Option<Stamp>,
     /// Shared flag pages of this host's ranks (at creation when all ranks
     /// share one host, else at the first `alloc_shared`).
     pub(crate) flags: Option<SyncFlags>,
@@ -133,7 +134,7 @@ pub(crate) struct State {
     /// `Sync` phases passed so far (the counter every rank's flag follows).
     pub(crate) sync_phase: u32,
     /// When the control connection was last read between calls.
-    control_checked: Instant,
+    control_checked: Stamp,
     /// Recently used schedules by call shape, most recent last.
     schedules: Vec<((CollSpec, bool), Planned)>,
     /// Chooses algorithms by predicted time, with a cost model
@@ -549,7 +550,7 @@ impl Communicator {
                 state: Mutex::new(State {
                     net,
                     control,
-                    control_checked: Instant::now(),
+                    control_checked: Stamp::now(),
                     flags: None,
                     staging: None,
                     small: None,
@@ -1062,7 +1063,7 @@ impl Communicator {
         let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
         let inner = Arc::clone(&self.inner);
         let timeout = self.timeout;
-        let issued = Some(Instant::now());
+        let issued = Some(Stamp::now());
         self.inner
             .worker
             .submit(call, move || inner.run_ticket(ticket, timeout, issued, f))
@@ -1234,7 +1235,7 @@ impl Inner {
         &self,
         ticket: u64,
         timeout: Option<Duration>,
-        issued: Option<Instant>,
+        issued: Option<Stamp>,
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
         self.wait_turn(ticket)?;
@@ -1315,16 +1316,16 @@ impl Inner {
     fn begin(
         &self,
         control: &mut Control,
-        checked: &mut Instant,
-        issued: &mut Option<Instant>,
+        checked: &mut Stamp,
+        issued: &mut Option<Stamp>,
         fp: &Fingerprint,
         seq: u64,
         ids: u64,
-    ) -> Result<Instant> {
+    ) -> Result<Stamp> {
         let notice = self.notice_before(control, checked, fp, seq, ids);
         let now = match &notice {
             Ok(now) => *now,
-            Err(_) => Instant::now(),
+            Err(_) => Stamp::now(),
         };
         let issued = issued.take().unwrap_or(now);
         let algorithm = self.last_algorithm.load(Ordering::Relaxed);
@@ -1454,14 +1455,15 @@ impl Inner {
     fn notice_before(
         &self,
         control: &mut Control,
-        checked: &mut Instant,
+        checked: &mut Stamp,
         fp: &Fingerprint,
         seq: u64,
         ids: u64,
-    ) -> Result<Instant> {
-        // One clock read per call: this look and the call's deadline.
-        let now = Instant::now();
-        if now.saturating_duration_since(*checked) > Duration::from_millis(1) {
+    ) -> Result<Stamp> {
+        // One clock read per call: this look, the flight recorder's start
+        // and the call's deadline.
+        let now = Stamp::now();
+        if now.ns_since(*checked) > 1_000_000 {
             *checked = now;
             if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {
                 // Described as the peers know this call (with its buffers).
@@ -1483,7 +1485,7 @@ impl Inner {
     fn call_ctx<'a>(
         &'a self,
         control: &'a mut Control,
-        now: Instant,
+        started: Stamp,
         timeout: Duration,
         fp: Fingerprint,
         seq: u64,
@@ -1497,7 +1499,7 @@ impl Inner {
             op: fp.op.kernel_op(),
             seq,
             fp,
-            deadline: crate::config::value::deadline_after_from(now, timeout),
+            started,
             timeout,
             spin: self.config.spin,
             oversubscribed: self.oversubscribed,

@@ -17,6 +17,7 @@
 
 use crate::call::{Fingerprint, Kind};
 use crate::error::Error;
+use crate::sys::Stamp;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -86,22 +87,32 @@ impl CallRecord {
 /// time (`recent_calls`, a dump from another thread while a call is stuck)
 /// without a lock: each slot is a seqlock — a version made odd while the
 /// writer changes the slot's atomic fields, even again after — and a reader
-/// retries a slot whose version moved. A write is a dozen relaxed stores.
-/// No clock is read for it: a call's start is the clock read the call
-/// makes anyway (for its deadline); its end is read only when it failed or
-/// went to sleep (then the read is nothing beside the sleep). A call that
-/// completed while spinning keeps no end time.
+/// retries a slot whose version moved. A call's start is eight relaxed
+/// stores into one cache line; its end, when it neither failed nor slept,
+/// is one store outside the ring (`ended_before`: calls run in sequence
+/// order, so every call before that number has ended). No clock is read
+/// for it: a call's start is the clock read the call makes anyway (for its
+/// deadline); its end is read only when it failed or went to sleep (then
+/// the read is nothing beside the sleep). A call that completed while
+/// spinning keeps no end time.
 pub struct FlightRecorder {
     /// A power of two of them (the index is a mask, not a division).
     slots: Box<[Slot]>,
     /// Records written so far (the next goes to `written % slots.len()`).
     written: AtomicU64,
+    /// Every call numbered below this has ended (the state of a record
+    /// still marked running before it is "done").
+    ended_before: AtomicU64,
+    /// One more than the number of the last call that went to sleep (its
+    /// end takes the slow path: it records when).
+    slept: AtomicU64,
     /// Error texts of failed calls, by sequence number (rare; locked).
     errors: Mutex<VecDeque<(u64, String)>>,
-    /// Instants are kept as nanoseconds after `anchor.0`; dumps write wall
-    /// time (microseconds since the epoch, from `anchor.1`), comparable
-    /// across hosts as far as their clocks agree.
-    anchor: (Instant, SystemTime),
+    /// Times are kept as nanoseconds after `anchor.0` (read together with
+    /// `anchor.1`, the same moment as an `Instant`); dumps write wall time
+    /// (microseconds since the epoch, from `anchor.2`), comparable across
+    /// hosts as far as their clocks agree.
+    anchor: (Stamp, Instant, SystemTime),
 }
 
 impl std::fmt::Debug for FlightRecorder {
@@ -113,20 +124,24 @@ impl std::fmt::Debug for FlightRecorder {
     }
 }
 
-/// One record's fields as atomics (see [`FlightRecorder`]).
+/// One record's fields as atomics (see [`FlightRecorder`]). Every call
+/// writes the first seven words, one cache line; the rest only a call that
+/// slept or failed writes, and `meta` says which of them are its own (a
+/// slot's fields from an older call are left as they were, unread).
 #[derive(Default)]
+#[repr(C, align(64))]
 struct Slot {
     version: AtomicU64,
     seq: AtomicU64,
     call: [AtomicU64; 2],
     /// The `last_algorithm` value of the call; the state in bits 56..;
-    /// whether it slept in bit 55.
+    /// whether it slept (`waiting_*` are its own) in bit 55.
     meta: AtomicU64,
     issued: AtomicU64,
     started: AtomicU64,
-    /// 0: not known.
+    /// The call's when it slept or failed and has ended.
     ended: AtomicU64,
-    /// `usize::MAX`: nobody.
+    /// The call's when it failed (`u64::MAX`: nobody).
     blamed: AtomicU64,
     waiting_for: [AtomicU32; WAIT_NAMED],
     waiting_total: AtomicU32,
@@ -138,6 +153,7 @@ const ALGO_MASK: u64 = (1 << 55) - 1;
 
 /// A `last_algorithm` value in a slot's bits (the small path's, the
 /// largest, as all ones).
+#[inline]
 fn algorithm_code(a: usize) -> u64 {
     (a as u64).min(ALGO_MASK)
 }
@@ -149,6 +165,7 @@ fn algorithm_of(meta: u64) -> usize {
     }
 }
 
+#[inline]
 fn state_code(s: CallState) -> u64 {
     match s {
         CallState::Running => 0,
@@ -188,25 +205,30 @@ impl FlightRecorder {
         FlightRecorder {
             slots: (0..capacity).map(|_| Slot::default()).collect(),
             written: AtomicU64::new(0),
+            ended_before: AtomicU64::new(0),
+            slept: AtomicU64::new(0),
             errors: Mutex::new(VecDeque::new()),
-            anchor: (Instant::now(), SystemTime::now()),
+            anchor: (Stamp::now(), Instant::now(), SystemTime::now()),
         }
     }
 
+    #[inline]
     fn mask(&self) -> usize {
         self.slots.len().wrapping_sub(1)
     }
 
-    fn ns(&self, t: Instant) -> u64 {
+    #[inline]
+    fn ns(&self, t: Stamp) -> u64 {
         // At least 1: 0 is "not known".
-        (t.saturating_duration_since(self.anchor.0).as_nanos() as u64).max(1)
+        t.ns_since(self.anchor.0).max(1)
     }
 
     fn instant(&self, ns: u64) -> Instant {
-        self.anchor.0 + std::time::Duration::from_nanos(ns)
+        self.anchor.1 + std::time::Duration::from_nanos(ns)
     }
 
     /// The slot of call `seq` if it is the last one written.
+    #[inline]
     fn current(&self, seq: u64) -> Option<&Slot> {
         let n = self.written.load(Ordering::Relaxed);
         let slot = self.slots.get(n.checked_sub(1)? as usize & self.mask())?;
@@ -215,13 +237,14 @@ impl FlightRecorder {
 
     /// Call `seq` started at `started` (issued at `issued`; `algorithm`:
     /// the communicator's `last_algorithm` value for it).
+    #[inline]
     pub fn start(
         &self,
         seq: u64,
         call: Fingerprint,
         algorithm: usize,
-        issued: Instant,
-        started: Instant,
+        issued: Stamp,
+        started: Stamp,
     ) {
         if self.slots.is_empty() {
             return;
@@ -242,9 +265,6 @@ impl FlightRecorder {
             s.meta.store(algorithm_code(algorithm), Ordering::Relaxed);
             s.issued.store(issued, Ordering::Relaxed);
             s.started.store(started, Ordering::Relaxed);
-            s.ended.store(0, Ordering::Relaxed);
-            s.blamed.store(u64::MAX, Ordering::Relaxed);
-            s.waiting_total.store(0, Ordering::Relaxed);
         });
         self.written.store(n + 1, Ordering::Release);
     }
@@ -265,27 +285,38 @@ impl FlightRecorder {
             s.waiting_total.store(total, Ordering::Relaxed);
             s.meta.fetch_or(SLEPT, Ordering::Relaxed);
         });
+        self.slept.store(seq + 1, Ordering::Relaxed);
     }
 
     /// Call `seq` ended with `outcome`.
+    #[inline]
     pub fn end(&self, seq: u64, outcome: Result<(), &Error>) {
-        let Some(slot) = self.current(seq) else {
-            return;
-        };
-        let meta = slot.meta.load(Ordering::Relaxed);
-        let slept = meta & SLEPT != 0;
-        let failed = outcome.is_err();
-        if !failed && !slept {
-            // The common end: one word changes, which a reader sees whole
-            // (before or after), so no version step is needed.
-            let done = meta & !(0xff << STATE_SHIFT) | state_code(CallState::Done) << STATE_SHIFT;
-            slot.meta.store(done, Ordering::Release);
+        if self.slots.is_empty() {
             return;
         }
-        let ended = match slept || failed {
-            true => self.ns(Instant::now()),
-            false => 0,
-        };
+        if outcome.is_ok() && self.slept.load(Ordering::Relaxed) != seq + 1 {
+            // The common end: nothing in its record changes.
+            self.ended_before.store(seq + 1, Ordering::Release);
+            return;
+        }
+        self.end_slow(seq, outcome);
+    }
+
+    /// [`FlightRecorder::end`] of a call that slept or failed (out of
+    /// line: the common end stays a few instructions in the caller).
+    #[cold]
+    #[inline(never)]
+    fn end_slow(&self, seq: u64, outcome: Result<(), &Error>) {
+        if let Some(slot) = self.current(seq) {
+            self.end_record(slot, seq, outcome);
+        }
+        self.ended_before.store(seq + 1, Ordering::Release);
+    }
+
+    /// Write how call `seq`, which slept or failed, ended into its record.
+    fn end_record(&self, slot: &Slot, seq: u64, outcome: Result<(), &Error>) {
+        let failed = outcome.is_err();
+        let ended = self.ns(Stamp::now());
         let state = match failed {
             true => CallState::Failed,
             false => CallState::Done,
@@ -342,7 +373,29 @@ impl FlightRecorder {
                 return None;
             }
             let call = Fingerprint::from_words(words)?;
-            let state = state_of(meta);
+            let state = match state_of(meta) {
+                // Ended, and not worth a word in its record (see
+                // `FlightRecorder`).
+                CallState::Running if seq < self.ended_before.load(Ordering::Acquire) => {
+                    CallState::Done
+                }
+                s => s,
+            };
+            // Which of the slow fields are this call's (see `Slot`).
+            let slept = meta & SLEPT != 0;
+            let ended = match state {
+                CallState::Failed => ended,
+                CallState::Done if slept => ended,
+                _ => 0,
+            };
+            let blamed = match state {
+                CallState::Failed => blamed,
+                _ => u64::MAX,
+            };
+            let waiting_total = match slept {
+                true => waiting_total,
+                false => 0,
+            };
             let error = match state {
                 CallState::Failed => self
                     .errors
@@ -374,6 +427,8 @@ impl FlightRecorder {
     /// again: init's own calls are not the user's).
     pub(crate) fn forget(&self) {
         self.written.store(0, Ordering::Release);
+        self.ended_before.store(0, Ordering::Release);
+        self.slept.store(0, Ordering::Relaxed);
     }
 
     /// The calls kept, oldest first.
@@ -392,7 +447,7 @@ impl FlightRecorder {
 
     /// Microseconds since the epoch at `t`.
     fn wall_us(&self, t: Instant) -> i128 {
-        let (i0, w0) = self.anchor;
+        let (_, i0, w0) = self.anchor;
         let base = w0
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -538,7 +593,7 @@ mod tests {
     fn keeps_the_last_calls_and_how_they_ended() {
         // 3 calls asked for: a power of two kept, 4.
         let f = FlightRecorder::new(3);
-        let t = Instant::now();
+        let t = Stamp::now();
         for seq in 0..6 {
             f.start(seq, fp(Kind::AllReduce), 1, t, t);
             if seq < 5 {
@@ -570,12 +625,42 @@ mod tests {
             j.contains("\"waiting_for\": [2, 5, 6, 7], \"waiting_total\": 6"),
             "{j}"
         );
+        // A call that slept keeps when it ended; one that did not keeps
+        // none, and neither names peers of an older call in its slot.
+        f.start(6, fp(Kind::AllGather), 1, t, t);
+        f.waiting(6, [3]);
+        f.end(6, Ok(()));
+        f.start(7, fp(Kind::Broadcast), 1, t, t);
+        f.end(7, Ok(()));
+        f.start(8, fp(Kind::Broadcast), 1, t, t);
+        f.end(8, Ok(()));
+        // In the slot of call 5, which slept and failed.
+        f.start(9, fp(Kind::Broadcast), 1, t, t);
+        let r = f.recent();
+        let (slept, quick, running) = (&r[0], &r[1], &r[3]);
+        assert_eq!((slept.seq, slept.state), (6, CallState::Done));
+        assert!(slept.ended.is_some());
+        assert_eq!(slept.waiting(), [3]);
+        assert_eq!((quick.seq, quick.state), (7, CallState::Done));
+        assert_eq!(
+            (quick.ended, quick.waiting(), quick.blamed),
+            (None, &[][..], None)
+        );
+        assert_eq!((running.seq, running.state), (9, CallState::Running));
+        assert_eq!(
+            (running.ended, running.waiting(), running.blamed),
+            (None, &[][..], None)
+        );
+        // Numbering starts again after `forget`: call 0 runs.
+        f.forget();
+        f.start(0, fp(Kind::AllReduce), 1, t, t);
+        assert_eq!(f.recent()[0].state, CallState::Running);
     }
 
     #[test]
     fn a_zero_capacity_recorder_keeps_nothing() {
         let f = FlightRecorder::new(0);
-        f.start(0, fp(Kind::Barrier), 1, Instant::now(), Instant::now());
+        f.start(0, fp(Kind::Barrier), 1, Stamp::now(), Stamp::now());
         f.end(0, Ok(()));
         assert!(f.recent().is_empty());
     }

@@ -17,12 +17,13 @@
 //! Off (the default) it costs a branch per step.
 
 use crate::call::{Fingerprint, Kind};
+use crate::sys::Stamp;
 use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Events kept when `OXCCL_TRACE_MAX_EVENTS` is not set.
 pub const DEFAULT_MAX_EVENTS: usize = 1 << 20;
@@ -75,7 +76,7 @@ pub struct Tracer {
     max: usize,
     events: Mutex<VecDeque<Event>>,
     dropped: AtomicU64,
-    anchor: Instant,
+    anchor: Stamp,
     /// Wall time at `anchor`, nanoseconds since the epoch.
     anchor_unix_ns: u64,
     /// Rank 0's clock minus this rank's (nanoseconds), once aligned.
@@ -90,7 +91,7 @@ pub struct Tracer {
 
 impl Tracer {
     pub fn new(dir: PathBuf, max: usize) -> Tracer {
-        let anchor = Instant::now();
+        let anchor = Stamp::now();
         let anchor_unix_ns = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
@@ -111,12 +112,12 @@ impl Tracer {
 
     /// Nanoseconds after the anchor, now.
     pub fn now(&self) -> u64 {
-        self.at(Instant::now())
+        self.at(Stamp::now())
     }
 
     /// Nanoseconds after the anchor at `t`.
-    pub fn at(&self, t: Instant) -> u64 {
-        t.saturating_duration_since(self.anchor).as_nanos() as u64
+    pub fn at(&self, t: Stamp) -> u64 {
+        t.ns_since(self.anchor)
     }
 
     /// This rank's wall clock as the trace sees it (ns since the epoch).
@@ -137,7 +138,7 @@ impl Tracer {
     }
 
     /// Call `call` starts at `t`.
-    pub fn call_started(&self, t: Instant, call: Fingerprint) {
+    pub fn call_started(&self, t: Stamp, call: Fingerprint) {
         self.call_start.store(self.at(t), Ordering::Relaxed);
         let w = call.to_words();
         self.call[0].store(w[0], Ordering::Relaxed);
@@ -412,7 +413,7 @@ mod tests {
         let t = Tracer::new(PathBuf::from("/nonexistent"), 3);
         let fp = Fingerprint::new(Kind::AllReduce, DataType::F32, 4).with_op(ReduceOp::Sum);
         for seq in 0..3 {
-            t.call_started(Instant::now(), fp);
+            t.call_started(Stamp::now(), fp);
             t.step("send", 0, Some((1, true)), 16, t.now());
             t.call_ended(seq, "ring", false);
         }

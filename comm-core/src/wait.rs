@@ -19,6 +19,7 @@
 //! spin, explanations of broken links) and the failure plane (waiting for
 //! the root's verdict on a stall).
 
+use crate::sys::Stamp;
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -112,15 +113,15 @@ pub(crate) enum Stop {
 /// stopped until something moves again.
 #[derive(Debug)]
 pub(crate) struct Sleep {
-    since: Instant,
-    deadline: Instant,
+    since: Stamp,
+    deadline: Stamp,
 }
 
 impl Sleep {
     /// A waiter that stops at `deadline`.
-    pub(crate) fn new(deadline: Instant) -> Sleep {
+    pub(crate) fn new(deadline: Stamp) -> Sleep {
         Sleep {
-            since: Instant::now(),
+            since: Stamp::now(),
             deadline,
         }
     }
@@ -133,10 +134,11 @@ impl Sleep {
         if aborted.load(Ordering::Acquire) {
             return Err(Stop::Aborted);
         }
-        if orphaned && self.since.elapsed() >= ORPHAN_IDLE {
+        let now = Stamp::now();
+        if orphaned && now.since(self.since) >= ORPHAN_IDLE {
             return Err(Stop::Orphaned);
         }
-        let left = self.deadline.saturating_duration_since(Instant::now());
+        let left = self.deadline.since(now);
         if left.is_zero() {
             return Err(Stop::Deadline);
         }
@@ -188,14 +190,14 @@ mod tests {
     #[test]
     fn looks_stop_for_abort_first_then_orphan_then_deadline() {
         let aborted = AtomicBool::new(false);
-        let now = Instant::now();
-        let live = Sleep::new(now + Duration::from_secs(60));
+        let now = Stamp::now();
+        let live = Sleep::new(now.after(Duration::from_secs(60)));
         let d = live.look(&aborted, false).unwrap();
         assert!(d > Duration::from_secs(59));
         // Orphaned but recent: sleep at most the orphan idle time.
         assert_eq!(live.look(&aborted, true), Ok(ORPHAN_IDLE));
         let old = Sleep {
-            since: now - ORPHAN_IDLE,
+            since: now.before(ORPHAN_IDLE),
             deadline: now,
         };
         assert_eq!(old.look(&aborted, false), Err(Stop::Deadline));

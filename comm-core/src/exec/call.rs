@@ -49,7 +49,9 @@ pub(crate) struct CallCtx<'a> {
     pub op: kernels::Op,
     pub seq: u64,
     pub fp: Fingerprint,
-    pub deadline: Instant,
+    /// When the call started (its deadline is `timeout` later: see
+    /// [`CallCtx::deadline`]).
+    pub started: crate::sys::Stamp,
     pub timeout: Duration,
     /// How long to retry before sleeping in `poll(2)`.
     pub spin: Duration,
@@ -76,6 +78,11 @@ pub(crate) struct CallCtx<'a> {
 }
 
 impl CallCtx<'_> {
+    /// The call's deadline.
+    pub fn deadline(&self) -> crate::sys::Stamp {
+        self.started.after(self.timeout)
+    }
+
     /// This call goes to sleep waiting for `peers` (the flight recorder's
     /// record of it says so).
     pub(super) fn sleeps_on(&self, peers: impl IntoIterator<Item = usize>) {
@@ -133,7 +140,8 @@ impl CallCtx<'_> {
     /// Wait briefly for the control plane to explain a broken link (another
     /// rank's failure or death, announced by the root).
     pub(super) fn explained(&mut self) -> Option<Error> {
-        let until = (Instant::now() + EXPLAIN_WAIT).min(self.deadline);
+        let left = self.deadline().since(crate::sys::Stamp::now());
+        let until = Instant::now() + EXPLAIN_WAIT.min(left);
         let fd = self.control.fd();
         let notice = look_until(
             until,

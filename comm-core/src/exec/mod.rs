@@ -669,8 +669,9 @@ fn execute_with(
                         // within the call's deadline (immediate for the CPU
                         // engine).
                         let fence = compute.fence()?;
-                        let sleep = Sleep::new(cx.deadline);
+                        let mut sleep = None;
                         while !compute.poll(fence)? {
+                            let sleep = sleep.get_or_insert_with(|| Sleep::new(cx.deadline()));
                             if let Err(stop) = sleep.look(cx.aborted, cx.control.is_gone()) {
                                 return Err(cx.stopped(stop, |cx| {
                                     (
@@ -897,7 +898,7 @@ fn execute_with(
                 }
                 continue;
             }
-            let sleep = asleep.get_or_insert_with(|| Sleep::new(cx.deadline));
+            let sleep = asleep.get_or_insert_with(|| Sleep::new(cx.deadline()));
             let waits = Waits {
                 sync: sync_wait,
                 compute: !inflight.is_empty(),

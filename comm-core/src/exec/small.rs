@@ -497,7 +497,7 @@ fn wait_for(
         return Ok(());
     }
     let mut spin = Spin::new(cx.spin, cx.oversubscribed);
-    let sleep = Sleep::new(cx.deadline);
+    let mut sleep = None;
     let mut registered = None;
     loop {
         if let Peer::Ready = look(pages)? {
@@ -506,6 +506,8 @@ fn wait_for(
         if spin.turn() {
             continue;
         }
+        // Made at the first sleep: a wait the spin ends reads no clock.
+        let sleep = sleep.get_or_insert_with(|| Sleep::new(cx.deadline()));
         if let Err(stop) = sleep.look(cx.aborted, cx.control.is_gone()) {
             return Err(cx.stopped(stop, |cx| {
                 (format!("rank {k} to {what} in {}", cx.during), Some(k))
