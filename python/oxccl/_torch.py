@@ -104,6 +104,7 @@ class _Plan:
 
     def __init__(self, result):
         self.steps = []
+        self.names = []  # each step's call, for messages
         self.keep = []
         self.after = []
         self.result = result
@@ -218,8 +219,8 @@ class _Work(_c10d.Work):
             # the others wait for this one's deadline.
             self._backend.abort()
             raise OxcclError(
-                f"oxccl: work not complete after {limit} s (Work.wait's timeout); "
-                "the communicator was aborted",
+                f"oxccl: {' + '.join(self._plan.names) or 'work'} not complete after "
+                f"{limit} s (Work.wait's timeout); the communicator was aborted",
                 "timeout",
                 None,
             )
@@ -393,10 +394,12 @@ class _Methods:
     def _coll(self, plan, kind, send, recv, dtype, op=_SUM, root=0):
         c = self._comm
         plan.steps.append(lambda wait: c.collective(kind, send, recv, dtype, op, root, wait))
+        plan.names.append(f"{kind} of {max((send or (0, 0))[1], (recv or (0, 0))[1])} bytes")
 
     def _p2p(self, plan, ops):
         c = self._comm
         plan.steps.append(lambda wait: c.p2p(ops, wait))
+        plan.names.append(f"{len(ops)} send(s)/recv(s)")
 
     def _reduction(self, t: torch.Tensor, opts_op) -> tuple[int, int]:
         """(dtype code, op code) for reducing `t` with torch's operator."""
@@ -762,7 +765,9 @@ def _offsets(t, splits, n, what):
 
 def _joined(backend, works, result):
     """One work over several (the coalesced calls)."""
-    return _Work(backend, [_Part(w) for w in works], _Plan(result))
+    plan = _Plan(result)
+    plan.names = [n for w in works for n in w._plan.names]
+    return _Work(backend, [_Part(w) for w in works], plan)
 
 
 class _Part:

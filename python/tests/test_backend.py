@@ -70,5 +70,6 @@ def test_work_wait_timeout_raises_and_aborts_for_every_rank():
     assert c0 == 0 and r0, e0[-3000:]
     assert c1 == 0 and r1, e1[-3000:]
     assert r0["raised"] and r0["kind"] == "timeout", r0
+    assert "all_reduce of 16 bytes not complete after 1.0 s" in r0["message"], r0
     assert 0.8 < r0["seconds"] < 4, r0
     assert r1["raised"] and r1["kind"] == "aborted" and r1["rank"] == 0, r1
