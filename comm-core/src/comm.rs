@@ -37,6 +37,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// How often a call looks at the control connection before it starts
+/// (see `Inner::notice_before`).
+const CONTROL_LOOK_EVERY: Duration = Duration::from_millis(1);
+
 /// A group of `nranks` processes (or threads) that communicate.
 /// `Send + Sync`: calls may come from any thread; they run in issue order.
 pub struct Communicator {
@@ -1463,7 +1467,7 @@ impl Inner {
         // One clock read per call: this look, the flight recorder's start
         // and the call's deadline.
         let now = Stamp::now();
-        if now.ns_since(*checked) > 1_000_000 {
+        if now.since(*checked) > CONTROL_LOOK_EVERY {
             *checked = now;
             if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {
                 // Described as the peers know this call (with its buffers).

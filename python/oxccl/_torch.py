@@ -394,7 +394,7 @@ class _Methods:
     def _coll(self, plan, kind, send, recv, dtype, op=_SUM, root=0):
         c = self._comm
         plan.steps.append(lambda wait: c.collective(kind, send, recv, dtype, op, root, wait))
-        plan.names.append(f"{kind} of {max((send or (0, 0))[1], (recv or (0, 0))[1])} bytes")
+        plan.names.append(f"{kind} of {max((s[1] for s in (send, recv) if s), default=0)} bytes")
 
     def _p2p(self, plan, ops):
         c = self._comm
