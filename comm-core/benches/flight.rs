@@ -10,7 +10,7 @@
 use comm_core::call::{Fingerprint, Kind};
 use comm_core::flight::FlightRecorder;
 use comm_core::sys::Stamp;
-use comm_core::trace::Tracer;
+use comm_core::trace::{StepKind, Tracer};
 use comm_core::{DataType, ReduceOp};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use std::time::Duration;
@@ -45,7 +45,28 @@ fn bench(c: &mut Criterion) {
     g.bench_function("trace_step_slice", |b| {
         b.iter(|| {
             let start = tracer.now();
-            tracer.step("send", black_box(3), Some((1, true)), 1 << 20, start);
+            tracer.step(
+                StepKind::Send,
+                black_box(3),
+                Some((1, true)),
+                1 << 20,
+                start,
+            );
+        })
+    });
+    // The same into a ring of the default size, which the loop cycles
+    // through out of cache (as a long traced run does).
+    let big = Tracer::new(std::env::temp_dir(), comm_core::trace::DEFAULT_MAX_EVENTS);
+    g.bench_function("trace_step_slice_default_ring", |b| {
+        b.iter(|| {
+            let start = big.now();
+            big.step(
+                StepKind::Send,
+                black_box(3),
+                Some((1, true)),
+                1 << 20,
+                start,
+            );
         })
     });
     g.finish();

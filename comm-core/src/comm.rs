@@ -1306,7 +1306,7 @@ impl Inner {
         let r = run(self, st, seq);
         self.flight.end(seq, r.as_ref().map(|_| ()));
         if let Some(t) = &self.tracer {
-            let algorithm = algorithm_name(self.last_algorithm.load(Ordering::Relaxed));
+            let algorithm = self.last_algorithm.load(Ordering::Relaxed);
             t.call_ended(seq, algorithm, r.is_err());
         }
         r

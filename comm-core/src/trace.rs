@@ -18,7 +18,6 @@
 
 use crate::call::{Fingerprint, Kind};
 use crate::sys::Stamp;
-use std::collections::VecDeque;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -37,6 +36,76 @@ pub const TRACK_WAITS: u32 = 2;
 /// Sends to peer `p` go on track `TRACK_PEERS + 2p`, receives from it on
 /// the next.
 pub const TRACK_PEERS: u32 = 10;
+
+/// What a step slice did: its name in the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    Send,
+    Recv,
+    RecvReduce,
+    Copy,
+    Reduce,
+    Divide,
+    Combine,
+    Phase,
+    ReduceFrom,
+    ReduceToAll,
+    CopyFrom,
+    CopyTo,
+}
+
+impl StepKind {
+    const ALL: [StepKind; 12] = [
+        StepKind::Send,
+        StepKind::Recv,
+        StepKind::RecvReduce,
+        StepKind::Copy,
+        StepKind::Reduce,
+        StepKind::Divide,
+        StepKind::Combine,
+        StepKind::Phase,
+        StepKind::ReduceFrom,
+        StepKind::ReduceToAll,
+        StepKind::CopyFrom,
+        StepKind::CopyTo,
+    ];
+
+    /// The kind of a schedule step's action.
+    pub fn of(a: &crate::schedule::Action) -> StepKind {
+        use crate::schedule::Action as A;
+        match a {
+            A::Send { .. } => StepKind::Send,
+            A::Recv { .. } => StepKind::Recv,
+            A::RecvReduce { .. } => StepKind::RecvReduce,
+            A::Copy { .. } => StepKind::Copy,
+            A::Reduce { .. } => StepKind::Reduce,
+            A::Divide { .. } => StepKind::Divide,
+            A::Combine { .. } => StepKind::Combine,
+            A::Sync => StepKind::Phase,
+            A::ReduceFrom { .. } => StepKind::ReduceFrom,
+            A::ReduceToAll { .. } => StepKind::ReduceToAll,
+            A::CopyFrom { .. } => StepKind::CopyFrom,
+            A::CopyTo { .. } => StepKind::CopyTo,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StepKind::Send => "send",
+            StepKind::Recv => "recv",
+            StepKind::RecvReduce => "recv_reduce",
+            StepKind::Copy => "copy",
+            StepKind::Reduce => "reduce",
+            StepKind::Divide => "divide",
+            StepKind::Combine => "combine",
+            StepKind::Phase => "phase",
+            StepKind::ReduceFrom => "reduce_from",
+            StepKind::ReduceToAll => "reduce_to_all",
+            StepKind::CopyFrom => "copy_from",
+            StepKind::CopyTo => "copy_to",
+        }
+    }
+}
 
 /// What an event says besides its name and time.
 #[derive(Clone, Copy, Debug)]
@@ -69,13 +138,73 @@ pub struct Event {
     pub detail: Detail,
 }
 
+/// An event as the ring keeps it: six words, written in place under the
+/// lock and decoded into an [`Event`] only when the trace is read. (An
+/// `Event` is 88 bytes; a traced 1 MiB call keeps about 8, which a long
+/// run writes into memory out of cache beside the megabytes the call
+/// streams: see `docs/PERFORMANCE.md`, "Timeline tracing's cost".)
+///
+/// Word 0 says what it is: its sort in the low byte, then
+/// - a call: `failed` (bit 8), the algorithm's index (`last_algorithm`,
+///   high half); words 3-5: sequence number, fingerprint words;
+/// - a step: its kind (bits 8-15), sent (bit 16), has a peer (bit 17),
+///   its index in the schedule (high half); words 3-4: bytes, peer;
+/// - a wait: how many peers it waited for (high half); words 3-4: the
+///   first four, two to a word.
+///
+/// Words 1 and 2 are the start and the duration (ns).
+type Record = [u64; 6];
+
+const CALL: u64 = 1;
+const STEP: u64 = 2;
+const WAIT: u64 = 3;
+
+/// The kept records: `slots` grows to `max` (its room reserved at
+/// creation where the allocator grants it), then record `i` lives in slot
+/// `i % max`.
+#[derive(Debug)]
+struct Ring {
+    slots: Vec<Record>,
+    /// Records ever pushed, and the first not forgotten.
+    pushed: u64,
+    first: u64,
+}
+
+impl Ring {
+    fn new(max: usize) -> Ring {
+        let mut slots = Vec::new();
+        // Room for every record up front (untouched pages cost nothing),
+        // so no push reallocates and copies the ring during a call; a
+        // `max` the allocator refuses grows as records come instead.
+        let _ = slots.try_reserve_exact(max);
+        Ring {
+            slots,
+            pushed: 0,
+            first: 0,
+        }
+    }
+
+    fn push(&mut self, max: usize, r: Record) {
+        let i = (self.pushed % max as u64) as usize;
+        match self.slots.get_mut(i) {
+            Some(s) => *s = r,
+            None => self.slots.push(r),
+        }
+        self.pushed += 1;
+    }
+
+    /// The first record still kept.
+    fn oldest(&self, max: usize) -> u64 {
+        self.first.max(self.pushed.saturating_sub(max as u64))
+    }
+}
+
 /// A communicator's trace (see the module docs).
 #[derive(Debug)]
 pub struct Tracer {
     dir: PathBuf,
     max: usize,
-    events: Mutex<VecDeque<Event>>,
-    dropped: AtomicU64,
+    ring: Mutex<Ring>,
     anchor: Stamp,
     /// Wall time at `anchor`, nanoseconds since the epoch.
     anchor_unix_ns: u64,
@@ -99,8 +228,7 @@ impl Tracer {
         Tracer {
             dir,
             max,
-            events: Mutex::new(VecDeque::with_capacity(max.min(1 << 16))),
-            dropped: AtomicU64::new(0),
+            ring: Mutex::new(Ring::new(max)),
             anchor,
             anchor_unix_ns,
             offset_ns: AtomicI64::new(0),
@@ -125,16 +253,17 @@ impl Tracer {
         self.anchor_unix_ns + self.now()
     }
 
-    fn push(&self, e: Event) {
+    /// Keep a slice that started at `start` (ns after the anchor) and
+    /// ends now: `head` and `rest` are its words 0 and 3-5.
+    #[inline]
+    fn push(&self, head: u64, start: u64, rest: [u64; 3]) {
         if self.max == 0 {
             return;
         }
-        let mut ev = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        if ev.len() == self.max {
-            ev.pop_front();
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-        }
-        ev.push_back(e);
+        let dur = self.now().saturating_sub(start);
+        let [a, b, c] = rest;
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        ring.push(self.max, [head, start, dur, a, b, c]);
     }
 
     /// Call `call` starts at `t`.
@@ -145,80 +274,52 @@ impl Tracer {
         self.call[1].store(w[1], Ordering::Relaxed);
     }
 
-    /// Call `seq` (the one started last) ended now.
-    pub fn call_ended(&self, seq: u64, algorithm: &'static str, failed: bool) {
+    /// Call `seq` (the one started last) ended now; `algorithm` is the
+    /// communicator's index of what ran it (`last_algorithm`).
+    pub fn call_ended(&self, seq: u64, algorithm: usize, failed: bool) {
+        let head = CALL | u64::from(failed) << 8 | (algorithm as u32 as u64) << 32;
         let start = self.call_start.load(Ordering::Relaxed);
         let w = [
             self.call[0].load(Ordering::Relaxed),
             self.call[1].load(Ordering::Relaxed),
         ];
-        let Some(call) = Fingerprint::from_words(w) else {
-            return;
-        };
-        self.push(Event {
-            name: call.kind.name(),
-            track: TRACK_CALLS,
-            start,
-            dur: self.now().saturating_sub(start),
-            detail: Detail::Call {
-                seq,
-                call,
-                algorithm,
-                failed,
-            },
-        });
+        self.push(head, start, [seq, w[0], w[1]]);
     }
 
-    /// Step `step` (named `name`) ran from `start` to now.
+    /// Step `step` (of kind `kind`) ran from `start` to now, sending to
+    /// (`true`) or receiving from `peer`, or local.
     pub fn step(
         &self,
-        name: &'static str,
+        kind: StepKind,
         step: u32,
         peer: Option<(usize, bool)>,
         bytes: u64,
         start: u64,
     ) {
-        let track = match peer {
-            Some((p, send)) => TRACK_PEERS + 2 * p as u32 + u32::from(!send),
-            None => TRACK_LOCAL,
+        let (p, flags) = match peer {
+            Some((p, send)) => (p as u64, 2 | u64::from(send)),
+            None => (0, 0),
         };
-        self.push(Event {
-            name,
-            track,
-            start,
-            dur: self.now().saturating_sub(start),
-            detail: Detail::Step {
-                step,
-                peer: peer.map(|(p, _)| p as u32),
-                bytes,
-            },
-        });
+        let head = STEP | (kind as u64) << 8 | flags << 16 | u64::from(step) << 32;
+        self.push(head, start, [bytes, p, 0]);
     }
 
-    /// The call slept from `start` until now, waiting for `peers`.
+    /// The call slept from `start` until now, waiting for `peers` (the
+    /// first four of `total`).
     pub fn wait(&self, start: u64, peers: &[u32], total: u32) {
-        let mut named = [0u32; 4];
+        let mut named = [0u64; 4];
         for (n, p) in named.iter_mut().zip(peers) {
-            *n = *p;
+            *n = u64::from(*p);
         }
-        self.push(Event {
-            name: "wait",
-            track: TRACK_WAITS,
-            start,
-            dur: self.now().saturating_sub(start),
-            detail: Detail::Wait {
-                peers: named,
-                total,
-            },
-        });
+        let head = WAIT | u64::from(total) << 32;
+        let words = [named[0] | named[1] << 32, named[2] | named[3] << 32, 0];
+        self.push(head, start, words);
     }
 
     /// Forget every event (init's own exchanges are not the user's).
     pub(crate) fn forget(&self) {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        ring.first = ring.pushed;
     }
 
     /// Rank 0's clock minus this rank's, in nanoseconds, and the round
@@ -230,12 +331,16 @@ impl Tracer {
 
     /// The events kept, oldest first.
     pub fn events(&self) -> Vec<Event> {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .copied()
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        (ring.oldest(self.max)..ring.pushed)
+            .filter_map(|i| decode(&ring.slots[(i % self.max as u64) as usize]))
             .collect()
+    }
+
+    /// Events the ring's bound pushed out (`OXCCL_TRACE_MAX_EVENTS`).
+    pub fn dropped(&self) -> u64 {
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        ring.oldest(self.max) - ring.first
     }
 
     /// The trace as Chrome trace-event JSON (times in microseconds after
@@ -315,7 +420,7 @@ impl Tracer {
             self.anchor_unix_ns,
             self.offset_ns.load(Ordering::Relaxed),
             self.rtt_ns.load(Ordering::Relaxed),
-            self.dropped.load(Ordering::Relaxed),
+            self.dropped(),
         );
         s
     }
@@ -384,23 +489,54 @@ pub(crate) fn write_whole(dir: &Path, name: &str, text: &str) -> std::io::Result
     Ok(path)
 }
 
-/// The name of a schedule step's action in traces.
-pub fn step_name(a: &crate::schedule::Action) -> &'static str {
-    use crate::schedule::Action as A;
-    match a {
-        A::Send { .. } => "send",
-        A::Recv { .. } => "recv",
-        A::RecvReduce { .. } => "recv_reduce",
-        A::Copy { .. } => "copy",
-        A::Reduce { .. } => "reduce",
-        A::Divide { .. } => "divide",
-        A::Combine { .. } => "combine",
-        A::Sync => "phase",
-        A::ReduceFrom { .. } => "reduce_from",
-        A::ReduceToAll { .. } => "reduce_to_all",
-        A::CopyFrom { .. } => "copy_from",
-        A::CopyTo { .. } => "copy_to",
-    }
+/// A kept record as an event (`None`: a call whose fingerprint does not
+/// decode, which no call of this communicator has).
+fn decode(r: &Record) -> Option<Event> {
+    let [head, start, dur, a, b, c] = *r;
+    let high = (head >> 32) as u32;
+    let (name, track, detail) = match head & 0xff {
+        CALL => {
+            let call = Fingerprint::from_words([b, c])?;
+            let algorithm = match high {
+                u32::MAX => crate::comm::SMALL_PATH,
+                i => i as usize,
+            };
+            let detail = Detail::Call {
+                seq: a,
+                call,
+                algorithm: crate::comm::algorithm_name(algorithm),
+                failed: head >> 8 & 1 != 0,
+            };
+            (call.kind.name(), TRACK_CALLS, detail)
+        }
+        STEP => {
+            let kind = *StepKind::ALL.get((head >> 8 & 0xff) as usize)?;
+            let send = head >> 16 & 1 != 0;
+            let peer = (head >> 17 & 1 != 0).then_some(b as u32);
+            let track = match peer {
+                Some(p) => TRACK_PEERS + 2 * p + u32::from(!send),
+                None => TRACK_LOCAL,
+            };
+            let detail = Detail::Step {
+                step: high,
+                peer,
+                bytes: a,
+            };
+            (kind.name(), track, detail)
+        }
+        WAIT => {
+            let peers = [a as u32, (a >> 32) as u32, b as u32, (b >> 32) as u32];
+            ("wait", TRACK_WAITS, Detail::Wait { peers, total: high })
+        }
+        _ => return None,
+    };
+    Some(Event {
+        name,
+        track,
+        start,
+        dur,
+        detail,
+    })
 }
 
 #[cfg(test)]
@@ -414,13 +550,14 @@ mod tests {
         let fp = Fingerprint::new(Kind::AllReduce, DataType::F32, 4).with_op(ReduceOp::Sum);
         for seq in 0..3 {
             t.call_started(Stamp::now(), fp);
-            t.step("send", 0, Some((1, true)), 16, t.now());
-            t.call_ended(seq, "ring", false);
+            t.step(StepKind::Send, 0, Some((1, true)), 16, t.now());
+            t.call_ended(seq, 1, false);
         }
         t.wait(t.now(), &[2, 3], 2);
         let ev = t.events();
         assert_eq!(ev.len(), 3);
         assert_eq!(ev[2].name, "wait");
+        assert_eq!(t.dropped(), 4);
         let who = crate::flight::Dumper {
             comm: 1,
             rank: 0,
@@ -432,5 +569,88 @@ mod tests {
         assert!(j.starts_with("{\"traceEvents\": ["), "{j}");
         assert!(j.contains("\"peers\": [2, 3]"), "{j}");
         assert!(j.contains("\"dropped\": 4"), "{j}");
+    }
+
+    /// Every field of every sort of event comes back as it went in, in
+    /// order, across the ring's wrap, and `forget` keeps nothing older.
+    #[test]
+    fn records_decode_to_the_events_pushed() {
+        let t = Tracer::new(PathBuf::from("/nonexistent"), 5);
+        let fp = Fingerprint::new(Kind::Broadcast, DataType::Bf16, 1 << 40).with_root(7);
+        t.step(StepKind::Copy, 1, None, 3, 0);
+        t.forget();
+        assert!(t.events().is_empty());
+        assert_eq!(t.dropped(), 0);
+        t.call_started(Stamp::now(), fp);
+        t.step(
+            StepKind::CopyTo,
+            u32::MAX,
+            Some((70_000, false)),
+            u64::MAX,
+            5,
+        );
+        t.step(StepKind::Phase, 9, None, 0, 6);
+        t.wait(7, &[1, 2, 3, u32::MAX], 9);
+        t.step(StepKind::Send, 2, Some((4, true)), 64, 8);
+        t.call_ended(41, crate::comm::SMALL_PATH, true);
+        let ev = t.events();
+        assert_eq!(t.dropped(), 0, "{ev:?}");
+        let names: Vec<_> = ev.iter().map(|e| e.name).collect();
+        assert_eq!(names, ["copy_to", "phase", "wait", "send", "broadcast"]);
+        let (recv, phase, wait, send, call) = (&ev[0], &ev[1], &ev[2], &ev[3], &ev[4]);
+        assert_eq!(recv.track, TRACK_PEERS + 140_001);
+        assert!(matches!(
+            recv.detail,
+            Detail::Step {
+                step: u32::MAX,
+                peer: Some(70_000),
+                bytes: u64::MAX
+            }
+        ));
+        assert_eq!((phase.track, phase.start), (TRACK_LOCAL, 6));
+        assert!(matches!(
+            phase.detail,
+            Detail::Step {
+                step: 9,
+                peer: None,
+                bytes: 0
+            }
+        ));
+        assert_eq!(wait.track, TRACK_WAITS);
+        assert!(matches!(
+            wait.detail,
+            Detail::Wait {
+                peers: [1, 2, 3, u32::MAX],
+                total: 9
+            }
+        ));
+        assert_eq!((send.track, send.start), (TRACK_PEERS + 8, 8));
+        assert!(matches!(
+            send.detail,
+            Detail::Step {
+                step: 2,
+                peer: Some(4),
+                bytes: 64
+            }
+        ));
+        assert_eq!(call.track, TRACK_CALLS);
+        assert!(call.dur > 0);
+        match call.detail {
+            Detail::Call {
+                seq,
+                call,
+                algorithm,
+                failed,
+            } => {
+                assert_eq!((seq, algorithm, failed), (41, "small", true));
+                assert_eq!(call, fp);
+            }
+            d => panic!("{d:?}"),
+        }
+        // One more pushes the oldest out.
+        t.wait(10, &[], 0);
+        assert_eq!(t.dropped(), 1);
+        let names: Vec<_> = t.events().iter().map(|e| e.name).collect();
+        assert_eq!(names, ["phase", "wait", "send", "broadcast", "wait"]);
     }
 }

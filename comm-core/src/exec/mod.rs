@@ -352,8 +352,8 @@ fn execute_with(
                 Action::CopyFrom { peer, .. } | Action::CopyTo { peer, .. } => Some((peer, false)),
                 _ => None,
             });
-            let name = crate::trace::step_name(action);
-            t.step(name, i as u32, peer, bytes as u64, began[i]);
+            let kind = crate::trace::StepKind::of(action);
+            t.step(kind, i as u32, peer, bytes as u64, began[i]);
         }
     };
     let compute = &mut net.engines[engine];
