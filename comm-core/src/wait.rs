@@ -41,7 +41,7 @@ pub(crate) const EXPLAIN_WAIT: Duration = Duration::from_millis(1500);
 pub(crate) struct Spin {
     limit: Duration,
     oversubscribed: bool,
-    idle_since: Option<Instant>,
+    idle_since: Option<Stamp>,
     /// Idle turns since the clock was last read (it is read every
     /// [`CLOCK_EVERY`] turns: a clock read costs as much as several
     /// looks at the data).
@@ -82,8 +82,9 @@ impl Spin {
             return true;
         }
         self.turns = 0;
-        let since = *self.idle_since.get_or_insert_with(Instant::now);
-        let idle = since.elapsed();
+        // One clock read a look (the first look's is also the spin's start).
+        let now = Stamp::now();
+        let idle = now.since(*self.idle_since.get_or_insert(now));
         if idle >= self.limit {
             self.idle_since = None;
             return false;
