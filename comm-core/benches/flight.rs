@@ -39,36 +39,31 @@ fn bench(c: &mut Criterion) {
         })
     });
     // A trace's step slice: the start stamp, the end stamp and the push
-    // into its ring (what each step of a traced call costs).
-    let dir = std::env::temp_dir().join("oxccl-bench-trace-unused");
-    let tracer = Tracer::new(dir, 1 << 16);
-    g.bench_function("trace_step_slice", |b| {
-        b.iter(|| {
-            let start = tracer.now();
-            tracer.step(
-                StepKind::Send,
-                black_box(3),
-                Some((1, true)),
-                1 << 20,
-                start,
-            );
-        })
-    });
-    // The same into a ring of the default size, which the loop cycles
+    // into its ring (what each step of a traced call costs); into a small
+    // ring, and into one of the default size, which the loop cycles
     // through out of cache (as a long traced run does).
-    let big = Tracer::new(std::env::temp_dir(), comm_core::trace::DEFAULT_MAX_EVENTS);
-    g.bench_function("trace_step_slice_default_ring", |b| {
-        b.iter(|| {
-            let start = big.now();
-            big.step(
-                StepKind::Send,
-                black_box(3),
-                Some((1, true)),
-                1 << 20,
-                start,
-            );
-        })
-    });
+    let dir = std::env::temp_dir().join("oxccl-bench-trace-unused");
+    for (name, max) in [
+        ("trace_step_slice", 1 << 16),
+        (
+            "trace_step_slice_default_ring",
+            comm_core::trace::DEFAULT_MAX_EVENTS,
+        ),
+    ] {
+        let tracer = Tracer::new(dir.clone(), max);
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let start = tracer.now();
+                tracer.step(
+                    StepKind::Send,
+                    black_box(3),
+                    Some((1, true)),
+                    1 << 20,
+                    start,
+                );
+            })
+        });
+    }
     g.finish();
 }
 
