@@ -16,9 +16,11 @@ queued on the communicator, in issue order, and complete in the background.
 
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
+import weakref
 from datetime import timedelta
 
 import torch
@@ -124,15 +126,27 @@ class _Plan:
 
 class _Completer:
     """Settles the futures of pending works, in the order they were asked
-    for, on one daemon thread per backend (started on first use)."""
+    for, on one daemon thread per backend (started on first use).
+
+    Settling a future runs torch's C++ on this thread (the future's
+    callbacks, which take and let go of the interpreter lock). A daemon
+    thread that asks for the lock once the interpreter is finalizing is
+    ended with `pthread_exit`, whose unwinding through those C++ frames
+    aborts the process ("terminate called without an active exception":
+    a survivor that raised and exited at once did, one run in eight). So
+    at exit (`atexit`, before finalizing) each completer waits for a
+    settling in progress and settles none after it."""
 
     def __init__(self):
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = None
-        self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._completing = False
+        self._closing = False
+        _completers.add(self)
 
     def add(self, work: "_Work") -> None:
-        with self._lock:
+        with self._cv:
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="oxccl-futures", daemon=True
@@ -143,7 +157,37 @@ class _Completer:
     def _run(self) -> None:
         while True:
             w = self._q.get()
-            w._settle(None)
+            w._settle(None, self)
+
+    def complete(self, work: "_Work") -> None:
+        """Settle `work`'s future here, unless the interpreter is exiting
+        (nobody waits for futures then)."""
+        with self._cv:
+            if self._closing:
+                return
+            self._completing = True
+        try:
+            work._complete()
+        finally:
+            with self._cv:
+                self._completing = False
+                self._cv.notify_all()
+
+    def close(self, timeout: float) -> None:
+        """Settle no more futures; wait (at most `timeout` s) for the one
+        being settled."""
+        with self._cv:
+            self._closing = True
+            self._cv.wait_for(lambda: not self._completing, timeout)
+
+
+_completers: "weakref.WeakSet[_Completer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_completers() -> None:
+    for c in list(_completers):
+        c.close(timeout=5.0)
 
 
 def _raise_error(outcome: torch.futures.Future):
@@ -193,9 +237,10 @@ class _Work(_c10d.Work):
         if outcome is not None and not outcome.done():
             outcome.set_result(self._plan.result if self._exc is None else self._exc)
 
-    def _settle(self, timeout: float | None) -> bool:
+    def _settle(self, timeout: float | None, completer: _Completer | None = None) -> bool:
         """Wait for the calls (at most `timeout` seconds each); whether
-        they are over (successfully or not)."""
+        they are over (successfully or not). On the completer's thread
+        the completer settles the future (see `_Completer`)."""
         with self._lock:
             if self._over:
                 return True
@@ -208,7 +253,10 @@ class _Work(_c10d.Work):
                     self._calls = []
                     break
                 self._calls.pop(0)
-            self._complete()
+            if completer is None:
+                self._complete()
+            else:
+                completer.complete(self)
             return True
 
     def wait(self, timeout: timedelta = timedelta(0)) -> bool:

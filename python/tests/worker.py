@@ -415,6 +415,30 @@ def scenario_wait_timeout():
                message=str(e))
 
 
+def scenario_exit_while_settling():
+    """Rank 0 leaves while a callback of its future still runs on the
+    backend's completer thread (a survivor that raised and exited at once
+    is in the same place): the process must exit cleanly. Rank 1 calls
+    late, so that the callback is in place before the future settles."""
+    init("oxccl", timeout=60.0)
+    if RANK == 1:
+        time.sleep(0.5)
+        dist.all_reduce(torch.ones(4))
+        result(done=True)
+        return
+    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+
+    def slow(f):
+        # Takes the interpreter lock back a thousand times: one of them
+        # falls in the exit, if the exit does not wait for it.
+        for _ in range(1000):
+            time.sleep(0.001)
+
+    fut.then(slow)
+    fut.wait()
+    result(done=True)
+
+
 def scenario_mismatch():
     """Rank 1 all-gathers where the others all-reduce (the same bytes)."""
     init("oxccl", timeout=60.0)
