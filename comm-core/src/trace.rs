@@ -514,7 +514,11 @@ fn decode(r: &Record) -> Option<Event> {
             let send = head >> 16 & 1 != 0;
             let peer = (head >> 17 & 1 != 0).then_some(b as u32);
             let track = match peer {
-                Some(p) => TRACK_PEERS + 2 * p + u32::from(!send),
+                // (Saturating: no rank count reaches it, and a decoder
+                // does not panic.)
+                Some(p) => TRACK_PEERS
+                    .saturating_add(p.saturating_mul(2))
+                    .saturating_add(u32::from(!send)),
                 None => TRACK_LOCAL,
             };
             let detail = Detail::Step {
@@ -575,6 +579,14 @@ mod tests {
     /// order, across the ring's wrap, and `forget` keeps nothing older.
     #[test]
     fn records_decode_to_the_events_pushed() {
+        // Every kind decodes as itself (a record keeps its index in `ALL`).
+        let t = Tracer::new(PathBuf::from("/nonexistent"), 16);
+        for k in StepKind::ALL {
+            t.step(k, 0, None, 0, 0);
+        }
+        let kinds: Vec<_> = t.events().iter().map(|e| e.name).collect();
+        let names: Vec<_> = StepKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(kinds, names);
         let t = Tracer::new(PathBuf::from("/nonexistent"), 5);
         let fp = Fingerprint::new(Kind::Broadcast, DataType::Bf16, 1 << 40).with_root(7);
         t.step(StepKind::Copy, 1, None, 3, 0);

@@ -133,7 +133,7 @@ class _Completer:
     thread that asks for the lock once the interpreter is finalizing is
     ended with `pthread_exit`, whose unwinding through those C++ frames
     aborts the process ("terminate called without an active exception":
-    a survivor that raised and exited at once did, one run in eight). So
+    a survivor that raised and exited at once did, about one run in ten). So
     at exit (`atexit`, before finalizing) each completer waits for a
     settling in progress and settles none after it."""
 
