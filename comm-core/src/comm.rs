@@ -417,6 +417,7 @@ impl Communicator {
                 .collect(),
             rescue: rescue.local_addr().ok(),
             hosts_root: id.hosted_root().is_some(),
+            cpus: crate::sys::affinity(),
         };
         let (control, peers) = bootstrap::rendezvous(
             id.root(),
@@ -498,11 +499,14 @@ impl Communicator {
             }
         }
         let sender = control.sender()?;
-        let local = peers.iter().filter(|p| p.host_id == me.host_id).count();
-        let cores = std::thread::available_parallelism()
-            .map(|c| c.get())
-            .unwrap_or(1);
-        let lane = Lane::new(rank, lane_links, config.spin, local > cores)?;
+        let masks: Vec<&[u8]> = peers
+            .iter()
+            .filter(|p| p.host_id == me.host_id)
+            .map(|p| p.cpus.as_slice())
+            .collect();
+        let available = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let oversubscribed = crate::wait::oversubscribed(&masks, &me.cpus, available);
+        let lane = Lane::new(rank, lane_links, config.spin, oversubscribed)?;
         let tuner = match &config.tuner {
             Some(model) => {
                 let hosts: Vec<u64> = peers.iter().map(|p| p.host_id).collect();
@@ -548,7 +552,7 @@ impl Communicator {
                 world,
                 secret: *id.secret(),
                 rescue: Mutex::new(Some(rescue)),
-                oversubscribed: local > cores,
+                oversubscribed,
                 layout,
                 transports,
                 state: Mutex::new(State {
@@ -717,6 +721,14 @@ impl Communicator {
     /// Number of ranks.
     pub fn nranks(&self) -> usize {
         self.inner.nranks
+    }
+
+    /// Whether this rank's host has fewer cores than ranks, counted over
+    /// the CPUs the host's ranks may run on when the communicator was made
+    /// (their affinity masks, and this process's CPU quota): then waits
+    /// yield the core at once rather than spin (`OXCCL_SPIN_US`).
+    pub fn shares_cores(&self) -> bool {
+        self.inner.oversubscribed
     }
 
     /// Number of ranks (the name cudarc and torch use).

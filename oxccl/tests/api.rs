@@ -950,3 +950,53 @@ fn large_plain_all_to_alls_on_one_host_copy_in_through_shared_memory() {
         }
     }
 }
+
+/// The CPUs this thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    assert_eq!(r, 0, "sched_getaffinity");
+    // SAFETY: reads a bit of a valid set.
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|c| unsafe { libc::CPU_ISSET(*c, &set) })
+        .collect()
+}
+
+/// Bind the calling thread to CPU `cpu`.
+fn bind_to(cpu: usize) {
+    // SAFETY: as above; the set is passed with its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+    assert_eq!(r, 0, "sched_setaffinity");
+}
+
+/// Ranks that a launcher binds to a core each (Open MPI's default) spin
+/// as ranks with the whole host do; ranks bound to one core yield.
+#[test]
+fn ranks_share_cores_as_their_bindings_say() {
+    let cpus = allowed_cpus();
+    let shares = |binding: [usize; 2]| {
+        let id = UniqueId::with_config(&test_config()).expect("root");
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let id = &id;
+                    s.spawn(move || {
+                        bind_to(binding[r]);
+                        let c = Communicator::init_with_config(id, r, 2, test_config()).unwrap();
+                        c.shares_cores()
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap())
+                .collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(shares([cpus[0], cpus[0]]), [true, true]);
+    if cpus.len() >= 2 {
+        assert_eq!(shares([cpus[0], cpus[1]]), [false, false]);
+    }
+}

@@ -361,6 +361,7 @@ mod tests {
                     addrs: vec![],
                     rescue: Some(addr),
                     hosts_root: r == 0,
+                    cpus: Vec::new(),
                 }
             })
             .collect()

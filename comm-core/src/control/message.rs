@@ -125,9 +125,11 @@ pub fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
     }
     v.put_str(&p.rescue.map(|a| a.to_string()).unwrap_or_default());
     v.put_u8(p.hosts_root as u8);
+    v.put_blob(&p.cpus);
 }
 
-/// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB).
+/// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB, a
+/// mask of at most [`MAX_CPU_MASK`] bytes).
 pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
     let rank = r.u32()? as usize;
     let hostname = r.string(255)?;
@@ -150,6 +152,7 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
         1 => true,
         b => return Err(Error::Protocol(format!("rank {rank}: bad root flag {b}"))),
     };
+    let cpus = r.blob(MAX_CPU_MASK)?.to_vec();
     Ok(PeerInfo {
         rank,
         hostname,
@@ -158,8 +161,13 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
         addrs,
         rescue,
         hosts_root,
+        cpus,
     })
 }
+
+/// Longest CPU mask a [`PeerInfo`] carries: 8192 CPUs
+/// ([`crate::sys::affinity`]).
+pub const MAX_CPU_MASK: usize = 1024;
 
 /// Decode a table message body (after the type byte).
 pub fn decode_table(r: &mut Reader<'_>) -> Result<Vec<PeerInfo>> {

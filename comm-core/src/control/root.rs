@@ -664,6 +664,7 @@ mod tests {
             addrs: Vec::new(),
             rescue: None,
             hosts_root: rank == 0,
+            cpus: vec![1],
         }
     }
 

@@ -2,16 +2,18 @@
 //! in one place (as mio keeps its syscalls under `sys/`): shared memory
 //! (memfd, mappings), wake-ups (eventfd, futex), fd passing and peer
 //! credentials over Unix sockets, other processes through `/proc`, the
-//! monotonic clock as an integer.
+//! monotonic clock as an integer, this thread's CPU affinity.
 //! Each wrapper is small and safe to call; `unsafe` stays in here.
 
 mod clock;
+mod cpu;
 mod event;
 mod fdpass;
 mod proc;
 mod shm;
 
 pub use clock::Stamp;
+pub use cpu::affinity;
 pub use event::{drain, eventfd, futex_wait, futex_wake, poll, poll_one, signal, wait_readable};
 pub use fdpass::{peer_process, recv_fds, send_fds};
 pub use proc::{open_process_fd, process_gone};

@@ -239,6 +239,10 @@ pub struct PeerInfo {
     /// This rank's process hosts the communicator's root (rank 0 under
     /// `OXCCL_ROOT`): when the root goes silent, this rank is why.
     pub hosts_root: bool,
+    /// The CPUs this rank may run on ([`crate::sys::affinity`]: bit `k` of
+    /// the mask is CPU `k`); empty when unknown. Its host's ranks decide
+    /// from them whether they share cores ([`crate::wait::oversubscribed`]).
+    pub cpus: Vec<u8>,
 }
 
 /// Chooses, for one peer, which transport of the set serves it.
