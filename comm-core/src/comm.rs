@@ -24,7 +24,7 @@ use crate::mem::shared::SharedMaps;
 use crate::mem::Region;
 use crate::schedule::Action;
 use crate::schedule::Schedule;
-use crate::sys::Stamp;
+use crate::sys::{CallClock, Stamp};
 use crate::transport::net;
 use crate::transport::{PeerInfo, SetupCtx, Transports};
 use crate::types::DataType;
@@ -139,6 +139,8 @@ pub(crate) struct State {
     pub(crate) sync_phase: u32,
     /// When the control connection was last read between calls.
     control_checked: Stamp,
+    /// Where a call's start is read ([`CallClock`]: no pipeline wait).
+    clock: CallClock,
     /// Recently used schedules by call shape, most recent last.
     schedules: Vec<((CollSpec, bool), Planned)>,
     /// Chooses algorithms by predicted time, with a cost model
@@ -559,6 +561,7 @@ impl Communicator {
                     net,
                     control,
                     control_checked: Stamp::now(),
+                    clock: CallClock::new(),
                     flags: None,
                     staging: None,
                     small: None,
@@ -1333,12 +1336,13 @@ impl Inner {
         &self,
         control: &mut Control,
         checked: &mut Stamp,
+        clock: &mut CallClock,
         issued: &mut Option<Stamp>,
         fp: &Fingerprint,
         seq: u64,
         ids: u64,
     ) -> Result<Stamp> {
-        let notice = self.notice_before(control, checked, fp, seq, ids);
+        let notice = self.notice_before(control, checked, clock, fp, seq, ids);
         let now = match &notice {
             Ok(now) => *now,
             Err(_) => Stamp::now(),
@@ -1395,6 +1399,7 @@ impl Inner {
         let now = self.begin(
             &mut st.control,
             &mut st.control_checked,
+            &mut st.clock,
             &mut st.issued,
             &fp,
             seq,
@@ -1442,6 +1447,7 @@ impl Inner {
         let now = self.begin(
             &mut st.control,
             &mut st.control_checked,
+            &mut st.clock,
             &mut st.issued,
             &fp,
             seq,
@@ -1472,13 +1478,14 @@ impl Inner {
         &self,
         control: &mut Control,
         checked: &mut Stamp,
+        clock: &mut CallClock,
         fp: &Fingerprint,
         seq: u64,
         ids: u64,
     ) -> Result<Stamp> {
         // One clock read per call: this look, the flight recorder's start
         // and the call's deadline.
-        let now = Stamp::now();
+        let now = clock.now();
         if now.since(*checked) > CONTROL_LOOK_EVERY {
             *checked = now;
             if let Some(bootstrap::ControlEvent::Notice(n)) = control.poll() {

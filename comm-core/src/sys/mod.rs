@@ -12,7 +12,7 @@ mod fdpass;
 mod proc;
 mod shm;
 
-pub use clock::Stamp;
+pub use clock::{CallClock, Stamp};
 pub use cpu::affinity;
 pub use event::{drain, eventfd, futex_wait, futex_wake, poll, poll_one, signal, wait_readable};
 pub use fdpass::{peer_process, recv_fds, send_fds};
