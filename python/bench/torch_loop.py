@@ -15,16 +15,13 @@ for each round. `--op raw` calls the Rust extension directly
 """
 
 import argparse
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
 import oxccl  # noqa: F401  (registers the backend)
+from torch_perf import run  # the same rank launcher (this directory)
 
 _F32 = 7  # the extension's code for float32
 _SUM = 0
@@ -67,29 +64,13 @@ def rank_main(args):
     dist.destroy_process_group()
 
 
-def launch(args):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(args.np):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(args.np), LOCAL_RANK=str(r),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([sys.executable, *sys.argv], env=env))
-    return max(abs(p.wait()) for p in procs)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=int, default=2, help="ranks to start (without torchrun)")
     p.add_argument("--op", default="all_reduce", choices=["all_reduce", "broadcast", "raw", "raw+torch"])
     p.add_argument("--calls", type=int, default=10000)
     p.add_argument("--rounds", type=int, default=5)
-    args = p.parse_args()
-    if "RANK" in os.environ:
-        rank_main(args)
-    else:
-        sys.exit(launch(args))
+    run(p.parse_args(), rank_main)
 
 
 if __name__ == "__main__":

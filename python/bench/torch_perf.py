@@ -168,6 +168,16 @@ def launch(args):
     return max(abs(p.wait()) for p in procs)
 
 
+def run(args, rank_main):
+    """`rank_main(args)` as one rank under a launcher (RANK set), else
+    start `args.np` ranks of the running script and exit with the worst
+    status."""
+    if "RANK" in os.environ:
+        rank_main(args)
+    else:
+        sys.exit(launch(args))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--np", type=int, default=2, help="ranks to start (without torchrun)")
@@ -178,11 +188,7 @@ def main():
     p.add_argument("--sizes", default="", help="explicit sizes instead of -b/-e/-f (8,1K,1M)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--target-s", type=float, default=0.25)
-    args = p.parse_args()
-    if "RANK" in os.environ:
-        rank_main(args)
-    else:
-        sys.exit(launch(args))
+    run(p.parse_args(), rank_main)
 
 
 if __name__ == "__main__":
