@@ -82,10 +82,12 @@ pub struct CallClock {
 /// Time between anchors of a [`CallClock`].
 pub const ANCHOR_EVERY_NS: u64 = 1_000_000;
 
-/// Ticks an anchor's two counter reads may lie apart (about 1-3 us): a
-/// rank preempted between them (or a very slow `clock_gettime`) retries
-/// at its next stamp rather than anchor late.
-const ANCHOR_SLACK_TICKS: u64 = 8192;
+/// Ticks an anchor's two counter reads may lie apart (under a
+/// microsecond at 2-3 GHz; the read between them takes about 30 ns): a
+/// rank interrupted between them retries at its next stamp rather than
+/// anchor late, so an anchor is off by at most half of this and a rate
+/// by this over one interval.
+const ANCHOR_SLACK_TICKS: u64 = 2048;
 
 impl CallClock {
     pub fn new() -> CallClock {
