@@ -362,7 +362,7 @@ pub(crate) fn run(
         };
         wait_for(pages, cx, k, q, Word::Ready, "publish its part", published)?;
     }
-    combine(pages, engine, cx, call, input, output)?;
+    combine(pages, engine, cx, call, slot_bytes, input, output)?;
     // Read: the slots of this number may be rewritten. (Stored by every
     // rank, readers or not: a writer waits for every peer's.)
     pages.store_and_wake(me, q, Word::Finished, target as u32);
@@ -401,7 +401,8 @@ fn write(
             pages.seen[k] = pages.finished(k).load(Ordering::Acquire);
         }
     }
-    // No peer reads the slot now (above); it holds `SLOT >= len` bytes.
+    // No peer reads the slot now (above); it holds the call's slot bytes
+    // (`INLINE` or `SLOT`), at least `len`.
     let slot = pages.data(me, q, slot_bytes);
     copy(engine, slot.sub(0, input.len), input)?;
     let [x, y] = cx.fp.to_words();
@@ -422,13 +423,13 @@ fn combine(
     engine: &mut dyn Compute,
     cx: &CallCtx<'_>,
     call: SmallCall,
+    slot_bytes: usize,
     input: Region,
     output: Region,
 ) -> Result<()> {
     let (me, n) = (cx.rank, cx.nranks);
     let q = (cx.seq % DEPTH as u64) as usize;
     let b = call.bytes;
-    let slot_bytes = call.slot_bytes(n);
     // Rank k's part of its slot that this rank reads.
     let part = |p: &SmallPages, k: usize| match call.kind {
         Kind::ReduceScatter | Kind::AllToAll => p.data(k, q, slot_bytes).sub(me * b, b),
