@@ -109,35 +109,13 @@ pub(crate) fn run_coll(
     send: Option<Region>,
     recv: Region,
 ) -> Result<()> {
-    // Direct access when every buffer the call passes is registered and
-    // mapped by every peer (an empty plain slice, like a non-root's `&[]`,
-    // does not count; at least one buffer must be registered). A reduce's
-    // output is the root's alone, which no peer reads: its input decides.
-    let passed = || {
-        [send, Some(recv)]
-            .into_iter()
-            .flatten()
-            .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
-    };
-    let agreed = || {
-        let output = (c.kind != Kind::Reduce || send.is_none()).then_some(recv);
-        [send, output]
-            .into_iter()
-            .flatten()
-            .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
-    };
-    let direct = inner
-        .direct
-        .as_ref()
-        .filter(|_| agreed().next().is_some() && agreed().all(|r| st.is_direct(inner, &r)))
-        .map(|d| d.access());
+    let input = send.unwrap_or(recv);
     // Small calls among ranks of one host skip the schedule: every rank
     // decides alike, from the call and the agreed settings (host memory
     // aside: a rank passing device memory takes the general path, and a
     // peer passing host memory then reports a mismatch). Registered
     // buffers are named as a direct call names them, so ranks passing
     // different ones disagree here too.
-    let input = send.unwrap_or(recv);
     let small = crate::executor::small::SmallCall {
         kind: c.kind,
         root: c.root,
@@ -153,23 +131,22 @@ pub(crate) fn run_coll(
             crate::comm::SMALL_PATH,
             std::sync::atomic::Ordering::Relaxed,
         );
-        let id = |r: &Region| {
-            r.space
-                .registration()
-                .filter(|(comm, _)| *comm == inner.comm_id)
-                .map_or(0, |(_, id)| id)
-        };
-        // (A reduce's output is the root's alone: not agreed on.)
-        let output = match c.kind {
-            Kind::Reduce => 0,
-            _ => id(&recv),
-        };
-        let ids = match direct {
-            Some(_) => id(&input) << 32 | output & 0xffff_ffff,
-            None => 0,
+        // Plain memory (nearly every small call) names no buffer and
+        // needs no look at the registrations.
+        let plain = |r: &Region| r.space == MemorySpace::Host;
+        let ids = match plain(&input) && plain(&recv) {
+            true => 0,
+            false => small_ids(inner, st, c, send, recv),
         };
         return inner.execute_small(st, c.fingerprint(), small, ids, input, recv);
     }
+    let direct = direct_access(inner, st, c, send, recv);
+    let passed = || {
+        [send, Some(recv)]
+            .into_iter()
+            .flatten()
+            .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
+    };
     // Links move host bytes: a call on memory the CPU cannot touch sends
     // and receives through host staging slots (direct calls never do).
     let staged =
@@ -201,6 +178,51 @@ pub(crate) fn run_coll(
     );
     let bufs = [input, recv];
     inner.execute(st, c.fingerprint(), &plan.sched, &bufs, plan.direct)
+}
+
+/// Direct access when every buffer the call passes is registered and
+/// mapped by every peer (an empty plain slice, like a non-root's `&[]`,
+/// does not count; at least one buffer must be registered). A reduce's
+/// output is the root's alone, which no peer reads: its input decides.
+fn direct_access(
+    inner: &Inner,
+    st: &State,
+    c: &Coll,
+    send: Option<Region>,
+    recv: Region,
+) -> Option<crate::algorithms::Access> {
+    let output = (c.kind != Kind::Reduce || send.is_none()).then_some(recv);
+    let agreed = || {
+        [send, output]
+            .into_iter()
+            .flatten()
+            .filter(|r| !(r.space == MemorySpace::Host && r.len == 0))
+    };
+    inner
+        .direct
+        .as_ref()
+        .filter(|_| agreed().next().is_some() && agreed().all(|r| st.is_direct(inner, &r)))
+        .map(|d| d.access())
+}
+
+/// The registered buffers a small call names, as a direct call names
+/// them (input id, output id; 0 unless the call could run direct).
+fn small_ids(inner: &Inner, st: &State, c: &Coll, send: Option<Region>, recv: Region) -> u64 {
+    if direct_access(inner, st, c, send, recv).is_none() {
+        return 0;
+    }
+    let id = |r: &Region| {
+        r.space
+            .registration()
+            .filter(|(comm, _)| *comm == inner.comm_id)
+            .map_or(0, |(_, id)| id)
+    };
+    // (A reduce's output is the root's alone: not agreed on.)
+    let output = match c.kind {
+        Kind::Reduce => 0,
+        _ => id(&recv),
+    };
+    id(&send.unwrap_or(recv)) << 32 | output & 0xffff_ffff
 }
 
 impl Communicator {
