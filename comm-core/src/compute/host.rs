@@ -113,19 +113,11 @@ impl Compute for HostCompute {
                         kernels::reduce_assign(op, d, view::<T>(other, 0, len));
                     }
                 }
-                // dst = a op b, no aliasing.
-                (2, None) => {
-                    // SAFETY: dst holds len writable elements no source overlaps.
-                    unsafe {
-                        let d = std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len);
-                        kernels::reduce(op, d, view::<T>(&srcs[0], 0, len), view::<T>(&srcs[1], 0, len));
-                    }
-                }
                 // No aliasing: straight into dst.
                 (_, None) => {
-                    // SAFETY: as above; no source overlaps dst.
-                    let d = unsafe { std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len) };
-                    reduce_blocks::<T>(op, d, srcs, 0, len);
+                    // SAFETY: every region is host memory (checked above)
+                    // the caller lends for this call; no source overlaps dst.
+                    unsafe { reduce_into::<T>(op, dst, srcs, len) };
                 }
                 // dst is one of several sources: reduce block by block into
                 // the temporary, then copy each block over.
@@ -220,6 +212,34 @@ impl Compute for HostCompute {
 
 /// `out = op over srcs` of elements `at..at + out.len()`, sources on the
 /// stack up to [`MAX_STACK_SRCS`].
+/// `dst = srcs[0] op srcs[1] op ..` over `len` elements, combined left to
+/// right, for a `dst` that no source overlaps.
+///
+/// # Safety
+/// `dst` must hold `len` writable elements of `T` and every source `len`
+/// readable ones, all host memory, none of which anything else touches
+/// during the call; no source may overlap `dst`.
+unsafe fn reduce_into<T: kernels::Scalar>(op: kernels::Op, dst: Region, srcs: &[Region], len: usize) {
+    let d = std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len);
+    match srcs {
+        [a, b] => kernels::reduce(op, d, view::<T>(a, 0, len), view::<T>(b, 0, len)),
+        _ => reduce_blocks::<T>(op, d, srcs, 0, len),
+    }
+}
+
+/// [`reduce_into`] for `dtype`, sized by `dst`: the host reduction
+/// without an engine, for callers whose every region is host memory by
+/// construction (the small-message path).
+///
+/// # Safety
+/// As for [`reduce_into`], with `len = dst.len / dtype.size()`.
+pub(crate) unsafe fn reduce_host(dtype: DataType, op: kernels::Op, dst: Region, srcs: &[Region]) {
+    let len = dst.len / dtype.size();
+    if len > 0 {
+        with_dtype!(dtype, T => reduce_into::<T>(op, dst, srcs, len));
+    }
+}
+
 fn reduce_blocks<T: kernels::Scalar>(
     op: kernels::Op,
     out: &mut [T],

@@ -13,6 +13,8 @@
 mod host;
 
 pub use host::HostCompute;
+/// The host reduction without an engine, for host memory by construction.
+pub(crate) use host::reduce_host;
 /// The reductions an engine computes (`Avg` arrives as `Sum` + `divide`).
 pub use kernels::Op;
 
