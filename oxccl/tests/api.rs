@@ -856,6 +856,47 @@ fn small_calls_of_every_collective_on_one_host_take_the_small_path() {
     assert!(took.iter().all(|t| !t));
 }
 
+/// Small calls far apart in the sequence, with general calls between
+/// them, land in the same slot (its 32 slots go by sequence number): a
+/// rank reuses its slot only once every peer says it finished the call
+/// that last wrote it, and ranks hold that word back for a few calls. A
+/// word held back across the general calls (or across a wait) would
+/// leave both ranks waiting for each other until the deadline.
+#[test]
+fn small_calls_between_general_calls_reuse_their_slot() {
+    let cfg = Config {
+        timeout: Duration::from_secs(10),
+        ..test_config()
+    };
+    for n in [2, 3] {
+        with_ranks(n, cfg.clone(), |c| {
+            let me = c.rank();
+            let big: Vec<f32> = vec![1.0; 2048];
+            let mut big_out = vec![0f32; 2048];
+            for round in 0..4 {
+                let mut v = [(me + round) as f32; 2];
+                let root = round % n;
+                match round % 2 {
+                    0 => c.broadcast_in_place(&mut v, root).unwrap(),
+                    _ => c.all_reduce_in_place(&mut v, ReduceOp::Sum).unwrap(),
+                }
+                let want = match round % 2 {
+                    0 => (root + round) as f32,
+                    _ => (0..n).map(|k| (k + round) as f32).sum(),
+                };
+                assert_eq!(v, [want; 2], "round {round} on rank {me} of {n}");
+                assert_eq!(c.last_algorithm(), Some("small"));
+                // 8 KiB per rank: the general path, 31 calls to the next
+                // small one's slot.
+                for _ in 0..31 {
+                    c.all_reduce(&big, &mut big_out, ReduceOp::Sum).unwrap();
+                    assert_ne!(c.last_algorithm(), Some("small"));
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn large_plain_all_reduces_on_one_host_copy_in_through_shared_memory() {
     // From 1 MiB per rank (f32: 262144 elements); counts that are no

@@ -219,7 +219,12 @@ impl Compute for HostCompute {
 /// `dst` must hold `len` writable elements of `T` and every source `len`
 /// readable ones, all host memory, none of which anything else touches
 /// during the call; no source may overlap `dst`.
-unsafe fn reduce_into<T: kernels::Scalar>(op: kernels::Op, dst: Region, srcs: &[Region], len: usize) {
+unsafe fn reduce_into<T: kernels::Scalar>(
+    op: kernels::Op,
+    dst: Region,
+    srcs: &[Region],
+    len: usize,
+) {
     let d = std::slice::from_raw_parts_mut(dst.ptr() as *mut T, len);
     match srcs {
         [a, b] => kernels::reduce(op, d, view::<T>(a, 0, len), view::<T>(b, 0, len)),

@@ -12,9 +12,9 @@
 
 mod host;
 
-pub use host::HostCompute;
 /// The host reduction without an engine, for host memory by construction.
 pub(crate) use host::reduce_host;
+pub use host::HostCompute;
 /// The reductions an engine computes (`Avg` arrives as `Sum` + `divide`).
 pub use kernels::Op;
 
