@@ -42,6 +42,7 @@ impl Coll {
 }
 
 /// Elements of `dtype` in `r`, checking size and alignment.
+#[inline(always)]
 pub(crate) fn elems(what: &str, r: &Region, dtype: DataType) -> Result<usize> {
     let es = dtype.size();
     if !r.len.is_multiple_of(es) {
@@ -284,6 +285,7 @@ impl Communicator {
     /// Check a collective on regions and turn it into the executor's
     /// (input, output): in place, all_gather's input is the output's
     /// segment `rank` and reduce_scatter's output the input's.
+    #[inline(always)]
     pub(crate) fn plan(
         &self,
         kind: Kind,

@@ -1258,15 +1258,23 @@ impl Inner {
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
         self.wait_turn(ticket)?;
-        let result = match self.poisoned() {
+        let poisoned = match self.poisoned.load(Ordering::Acquire) {
+            true => self.poisoned(),
+            false => None,
+        };
+        let result = match poisoned {
             Some(e) => Err(e),
             None => {
                 let mut st = self.state.lock().unwrap();
                 st.call_timeout = timeout;
                 st.issued = issued;
-                // Errors leave in the job's numbering too.
-                let r = f(self, &mut st).map_err(|e| e.in_world(&self.world, &self.peers));
+                let mut r = f(self, &mut st);
                 st.issued = None;
+                if r.is_err() {
+                    // Errors leave in the job's numbering too. (Mapped
+                    // only then: a result moved on every call costs.)
+                    r = r.map_err(|e| e.in_world(&self.world, &self.peers));
+                }
                 if let Err(e) = &r {
                     // Every survivor of a failure leaves its account.
                     if let Some(dir) = &self.config.flight_dir {
@@ -1331,6 +1339,7 @@ impl Inner {
     /// (see `notice_before`); the flight recorder's record of it starts at
     /// the clock read it returns (issued when its queued closure was
     /// submitted, else then). The call's start time.
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn begin(
         &self,
@@ -1418,6 +1427,7 @@ impl Inner {
     /// Run a collective on the small-message path ([`executor::small`];
     /// the caller checked it applies: `st.small` is there, the call is
     /// eligible, `input` and `output` are host memory).
+    #[inline(always)]
     pub(crate) fn execute_small(
         &self,
         st: &mut State,
@@ -1432,6 +1442,7 @@ impl Inner {
         })
     }
 
+    #[inline(always)]
     #[allow(clippy::too_many_arguments)]
     fn execute_small_seq(
         &self,
@@ -1474,6 +1485,7 @@ impl Inner {
     /// once a millisecond: back-to-back calls would otherwise pay a system
     /// call each, and a failure still surfaces in any wait.) Returns the
     /// clock at the call's start.
+    #[inline(always)]
     fn notice_before(
         &self,
         control: &mut Control,

@@ -112,7 +112,8 @@ pub(crate) struct SmallPages {
     /// Each peer's `finished` as last read here: while it covers the call
     /// that last wrote a slot, reusing the slot reads nothing of the peer.
     seen: Vec<u32>,
-    /// The slots a call combines (kept: a warm call allocates nothing).
+    /// The slots a call combines, one per rank (kept: a warm call
+    /// allocates nothing).
     srcs: Vec<Region>,
     /// `s + 1` of the last call this rank finished but has not yet stored
     /// in its `finished` word, and how many calls that covers (see
@@ -135,7 +136,7 @@ impl SmallPages {
             base,
             written: [0; DEPTH],
             seen: vec![0; n],
-            srcs: Vec::with_capacity(n),
+            srcs: vec![Region::EMPTY; n],
             unstored: Cell::new((0, 0)),
         }
     }
@@ -394,18 +395,22 @@ pub(crate) fn run(
     let part = input.sub(0, call.writes(me, n));
     write(pages, cx, ids, slot_bytes, part)?;
     // Every part this rank reads, of the same call.
+    let fp = cx.fp;
+    let words = fp.to_words();
     for k in (0..n).filter(|k| *k != me && call.reads(me, *k)) {
-        let fp = cx.fp;
         let published = |p: &SmallPages| {
             if reached(p.ready(k, q).load(Ordering::Acquire), target as u32)
                 && p.published(k, q)[2].load(Ordering::Relaxed) == target
             {
                 let [a, b, _, i] = p.published(k, q);
+                let theirs = [a.load(Ordering::Relaxed), b.load(Ordering::Relaxed)];
                 let their_ids = i.load(Ordering::Relaxed);
-                return match Fingerprint::from_words([
-                    a.load(Ordering::Relaxed),
-                    b.load(Ordering::Relaxed),
-                ]) {
+                // The same words are the same call; other words may still
+                // be (an operator a broadcast ignores), so they decode.
+                if theirs == words && their_ids == ids {
+                    return Ok(Peer::Ready);
+                }
+                return match Fingerprint::from_words(theirs) {
                     Some(t) if t.agrees_with(&fp) && their_ids == ids => Ok(Peer::Ready),
                     theirs => Err(mismatch(&fp, ids, k, seq, theirs, their_ids)),
                 };
@@ -495,9 +500,15 @@ fn combine(
     let q = (cx.seq % DEPTH as u64) as usize;
     let b = call.bytes;
     // Rank k's part of its slot that this rank reads.
-    let part = |p: &SmallPages, k: usize| match call.kind {
-        Kind::ReduceScatter | Kind::AllToAll => p.data(k, q, slot_bytes).sub(me * b, b),
-        _ => p.data(k, q, slot_bytes).sub(0, b),
+    // (Its slot holds `slot_bytes`: `b`, or `b` per rank.)
+    let at = match call.kind {
+        Kind::ReduceScatter | Kind::AllToAll => me * b,
+        _ => 0,
+    };
+    let part = |p: &SmallPages, k: usize| Region {
+        space: MemorySpace::Host,
+        addr: p.data(k, q, slot_bytes).addr + at,
+        len: b,
     };
     match call.kind {
         Kind::AllReduce | Kind::ReduceScatter | Kind::Reduce => {
@@ -505,8 +516,9 @@ fn combine(
                 return Ok(());
             }
             let mut srcs = std::mem::take(&mut pages.srcs);
-            srcs.clear();
-            srcs.extend((0..n).map(|k| part(pages, k)));
+            for (k, src) in srcs.iter_mut().enumerate() {
+                *src = part(pages, k);
+            }
             let out = output.sub(0, b);
             // SAFETY: `out` is the caller's host buffer, lent for the call
             // and holding `b` bytes; the sources are slots of mapped pages
