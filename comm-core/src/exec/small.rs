@@ -63,13 +63,15 @@ const DEPTH: usize = 32;
 /// Calls a rank finishes before it stores its `finished` word. Storing it
 /// after every call took a cache-line transfer per call whenever a peer
 /// that runs ahead (a broadcast's root) was polling the word for a free
-/// slot (2-rank 8-byte broadcast 8-11 % faster with 4, paired). A rank
+/// slot (2-rank 8-byte broadcast 6-11 % faster with 4, paired; 8 took
+/// 7-10 % more off a reduce, whose root's word its other rank polls; 16
+/// measured no better than 8). A rank
 /// stores what it finished before it waits for anything and when it
 /// starts a call on the general path, so a peer never waits for a word
 /// this rank holds back while it waits itself; a rank that reads nothing
 /// may now run `DEPTH - FINISH_EVERY` calls ahead of an idle peer rather
 /// than `DEPTH - 1`.
-const FINISH_EVERY: u32 = 4;
+const FINISH_EVERY: u32 = 8;
 
 /// Bytes of a small page: the control words (a page), then the slots.
 pub(crate) const PAGE: usize = DATA + DEPTH * SLOT;
