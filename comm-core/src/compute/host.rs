@@ -210,8 +210,6 @@ impl Compute for HostCompute {
     }
 }
 
-/// `out = op over srcs` of elements `at..at + out.len()`, sources on the
-/// stack up to [`MAX_STACK_SRCS`].
 /// `dst = srcs[0] op srcs[1] op ..` over `len` elements, combined left to
 /// right, for a `dst` that no source overlaps.
 ///
@@ -245,6 +243,8 @@ pub(crate) unsafe fn reduce_host(dtype: DataType, op: kernels::Op, dst: Region, 
     }
 }
 
+/// `out = op over srcs` of elements `at..at + out.len()`, sources on the
+/// stack up to [`MAX_STACK_SRCS`].
 fn reduce_blocks<T: kernels::Scalar>(
     op: kernels::Op,
     out: &mut [T],

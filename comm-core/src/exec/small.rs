@@ -17,9 +17,9 @@
 //! has then finished the call, whether it read or not (calls finish in
 //! order), and says so in its `finished` word (`s + 1`, stored every
 //! [`FINISH_EVERY`] calls and before any wait). A slot is rewritten only
-//! once every peer's `finished` has reached the call that last wrote it; the writer keeps
-//! the value it last read, so with peers close behind it reads a peer's
-//! word about once in `DEPTH` calls. A rank that reads nothing (a
+//! once every peer's `finished` has reached the call that last wrote it;
+//! the writer keeps the value it last read, so with peers close behind it
+//! reads a peer's word about once in `DEPTH` calls. A rank that reads nothing (a
 //! reduce's non-root, a broadcast's root) returns once its part is
 //! published, as an eager send does; the wait for `finished` `DEPTH` calls
 //! later bounds how far it runs ahead (`DEPTH - FINISH_EVERY` calls past
@@ -65,12 +65,13 @@ const DEPTH: usize = 32;
 /// that runs ahead (a broadcast's root) was polling the word for a free
 /// slot (2-rank 8-byte broadcast 6-11 % faster with 4, paired; 8 took
 /// 7-10 % more off a reduce, whose root's word its other rank polls; 16
-/// measured no better than 8). A rank
-/// stores what it finished before it waits for anything and when it
-/// starts a call on the general path, so a peer never waits for a word
-/// this rank holds back while it waits itself; a rank that reads nothing
-/// may now run `DEPTH - FINISH_EVERY` calls ahead of an idle peer rather
-/// than `DEPTH - 1`.
+/// measured no better than 8). A rank stores what it finished before it
+/// waits for anything and when it starts a call on the general path, so
+/// a peer never waits for a word this rank holds back while it waits
+/// itself; a rank that reads nothing may now run `DEPTH - FINISH_EVERY`
+/// calls ahead of an idle peer rather than `DEPTH - 1` (a program that
+/// needs a rank to run further ahead than that, while its peer waits
+/// for it elsewhere, deadlocks with any window).
 const FINISH_EVERY: u32 = 8;
 
 /// Bytes of a small page: the control words (a page), then the slots.
@@ -234,7 +235,7 @@ impl SmallPages {
     /// Store the calls this rank finished and has not stored yet: before
     /// it waits for anything, since the peer it waits for may itself wait
     /// for this word (to reuse a slot) before it can go on.
-    pub(crate) fn store_finished(&self, me: usize) {
+    fn store_finished(&self, me: usize) {
         let (target, count) = self.unstored.get();
         if count > 0 {
             self.unstored.set((0, 0));
