@@ -857,7 +857,7 @@ fn small_calls_of_every_collective_on_one_host_take_the_small_path() {
 }
 
 /// Small calls far apart in the sequence, with general calls between
-/// them, land in the same slot (its 32 slots go by sequence number): a
+/// them, land in the same slot (slots go by sequence number, 64 a page): a
 /// rank reuses its slot only once every peer says it finished the call
 /// that last wrote it, and ranks hold that word back for a few calls. A
 /// word held back across the general calls (or across a wait) would
@@ -886,9 +886,9 @@ fn small_calls_between_general_calls_reuse_their_slot() {
                 };
                 assert_eq!(v, [want; 2], "round {round} on rank {me} of {n}");
                 assert_eq!(c.last_algorithm(), Some("small"));
-                // 8 KiB per rank: the general path, 31 calls to the next
-                // small one's slot.
-                for _ in 0..31 {
+                // 8 KiB per rank: the general path, 63 calls to the next
+                // small one, in the same slot.
+                for _ in 0..63 {
                     c.all_reduce(&big, &mut big_out, ReduceOp::Sum).unwrap();
                     assert_ne!(c.last_algorithm(), Some("small"));
                 }

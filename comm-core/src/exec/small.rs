@@ -54,11 +54,12 @@ pub(crate) const SLOT: usize = 4096;
 /// nothing (a broadcast's root, a reduce's other ranks) runs up to
 /// `DEPTH - 1` calls ahead of its slowest peer, as an eager send does.
 /// (8 B broadcasts on 4 ranks sharing 2 cores: 1.2 us a call with 8
-/// slots, 0.7-0.8 with 32: a rank runs more calls per time slice; 64 and
-/// 128 slots measured within this machine's noise of 32, alternating
-/// five times: 0.58 / 0.55 against 0.62, for two to four times the
-/// memory.)
-const DEPTH: usize = 32;
+/// slots, 0.7-0.8 with 32: a rank runs more calls per time slice. 64 and
+/// 128 measured within noise of 32 while `finished` was stored every
+/// call; once it lagged by [`FINISH_EVERY`], 64 took 4-rank 8-byte
+/// broadcast and reduce 16-19 % below 32, paired, 2 ranks unchanged.
+/// A page is 264 KiB.)
+const DEPTH: usize = 64;
 
 /// Calls a rank finishes before it stores its `finished` word. Storing it
 /// after every call took a cache-line transfer per call whenever a peer
