@@ -1191,6 +1191,9 @@ impl Inner {
         }
     }
 
+    /// The error that poisoned the communicator (a flag read while none
+    /// did: inlined, since every call asks).
+    #[inline]
     pub(crate) fn poisoned(&self) -> Option<Error> {
         if !self.poisoned.load(Ordering::Acquire) {
             return None;
@@ -1258,11 +1261,7 @@ impl Inner {
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
         self.wait_turn(ticket)?;
-        let poisoned = match self.poisoned.load(Ordering::Acquire) {
-            true => self.poisoned(),
-            false => None,
-        };
-        let result = match poisoned {
+        let result = match self.poisoned() {
             Some(e) => Err(e),
             None => {
                 let mut st = self.state.lock().unwrap();

@@ -397,10 +397,10 @@ pub(crate) fn run(
     let target = seq + 1;
     let slot_bytes = call.slot_bytes(n);
     let part = input.sub(0, call.writes(me, n));
-    write(pages, cx, ids, slot_bytes, part)?;
-    // Every part this rank reads, of the same call.
     let fp = cx.fp;
     let words = fp.to_words();
+    write(pages, cx, words, ids, slot_bytes, part)?;
+    // Every part this rank reads, of the same call.
     for k in (0..n).filter(|k| *k != me && call.reads(me, *k)) {
         let published = |p: &SmallPages| {
             if reached(p.ready(k, q).load(Ordering::Acquire), target as u32)
@@ -444,10 +444,12 @@ pub(crate) fn run(
 }
 
 /// Copy this rank's part into its slot for the call and publish
-/// the call there, once every peer has read what the slot last held.
+/// the call there (`words`: its fingerprint), once every peer has read
+/// what the slot last held.
 fn write(
     pages: &mut SmallPages,
     cx: &mut CallCtx<'_>,
+    words: [u64; 2],
     ids: u64,
     slot_bytes: usize,
     input: Region,
@@ -478,7 +480,7 @@ fn write(
     // (`INLINE` or `SLOT`), at least `len`.
     let slot = pages.data(me, q, slot_bytes);
     copy(slot.sub(0, input.len), input);
-    let [x, y] = cx.fp.to_words();
+    let [x, y] = words;
     let [a, b, s, i] = pages.published(me, q);
     a.store(x, Ordering::Relaxed);
     b.store(y, Ordering::Relaxed);
