@@ -30,6 +30,14 @@ pub(crate) const LATE_REJECT_WINDOW: Duration = Duration::from_secs(30);
 /// How long the root collects timeout reports before naming the culprit.
 pub(crate) const STALL_WINDOW: Duration = Duration::from_millis(300);
 
+/// How long the root holds a rank's `abort()` before relaying it. An abort
+/// names no cause: it is usually a reaction (a watchdog that saw another
+/// communicator lose a rank). When the death behind it reaches this root
+/// too, in this moment, the death is relayed and the abort is its
+/// consequence — so every survivor blames the dead rank, not the rank that
+/// reacted first.
+pub(crate) const ABORT_GRACE: Duration = Duration::from_millis(100);
+
 /// What a connection thread reports.
 #[derive(Clone, Debug)]
 pub(crate) enum Event {
@@ -137,10 +145,14 @@ impl Root {
         match &self.phase {
             Phase::Registering(r) => Some(r.deadline),
             Phase::SetupFailed(s) => Some(s.until),
-            Phase::Running(r) => match (r.stall_window, r.barrier.as_ref().map(|b| b.deadline)) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            },
+            Phase::Running(r) => [
+                r.stall_window,
+                r.barrier.as_ref().map(|b| b.deadline),
+                r.held_abort.as_ref().map(|h| h.until),
+            ]
+            .into_iter()
+            .flatten()
+            .min(),
             Phase::Done => None,
         }
     }
@@ -290,8 +302,10 @@ impl Registering {
         Some(Phase::Running(Running {
             hosts: infos.into_iter().map(|i| i.hostname).collect(),
             gone: vec![false; conns.len()],
+            aborted: vec![false; conns.len()],
             conn_of: conns,
             relayed_failure: false,
+            held_abort: None,
             stalls: Vec::new(),
             stall_window: None,
             barrier: None,
@@ -412,14 +426,27 @@ struct Running {
     conn_of: Vec<ConnId>,
     hosts: Vec<String>,
     gone: Vec<bool>,
+    /// Ranks that called `abort()`: their connection ending is no news.
+    aborted: Vec<bool>,
     /// A failure was relayed: later `Failed` notices are consequences.
     relayed_failure: bool,
+    /// The first `abort()`, while no failure was relayed: relayed at the
+    /// end of its grace unless a cause comes first ([`ABORT_GRACE`]).
+    held_abort: Option<HeldAbort>,
     /// Timeouts are collected for a moment, then answered with a verdict
     /// naming the rank everybody waits for (a stopped or hung process).
     stalls: Vec<Stall>,
     stall_window: Option<Instant>,
     /// The monitored barrier in progress, if any.
     barrier: Option<MonitoredBarrier>,
+}
+
+/// A rank's abort, waiting out [`ABORT_GRACE`].
+#[derive(Debug)]
+struct HeldAbort {
+    rank: usize,
+    notice: Notice,
+    until: Instant,
 }
 
 impl Running {
@@ -476,6 +503,11 @@ impl Running {
                     return None;
                 }
                 self.gone[rank] = true;
+                if self.aborted[rank] {
+                    // A rank that aborted left: its abort (held, relayed,
+                    // or the consequence of a cause relayed) explains why.
+                    return self.all_gone();
+                }
                 Notice::Lost {
                     rank,
                     detail: format!(
@@ -502,9 +534,25 @@ impl Running {
                 self.stall_window.get_or_insert(now + STALL_WINDOW);
                 return None;
             }
+            Event::Abort {
+                notice: notice @ Notice::Failed { aborted: true, .. },
+                ..
+            } => {
+                self.aborted[rank] = true;
+                if !self.relayed_failure && self.held_abort.is_none() {
+                    self.held_abort = Some(HeldAbort {
+                        rank,
+                        notice,
+                        until: now + ABORT_GRACE,
+                    });
+                }
+                return None;
+            }
             Event::Abort { notice, .. } => notice,
             Event::Registered { .. } | Event::Refused { .. } => return None,
         };
+        // A cause within an abort's grace: the abort was a consequence.
+        self.held_abort = None;
         // The first cause is the one that matters: a failure reported
         // after one was relayed is a consequence of it.
         if !(self.relayed_failure && matches!(notice, Notice::Failed { .. })) {
@@ -544,12 +592,29 @@ impl Running {
         }
     }
 
+    /// Relay the held abort (if still held and no failure was relayed).
+    fn relay_held_abort(&mut self, out: &mut Vec<Action>) {
+        if let Some(h) = self.held_abort.take() {
+            if !self.relayed_failure {
+                self.relayed_failure = true;
+                self.relay(h.notice, Some(h.rank), out);
+            }
+        }
+    }
+
     fn on_timer(&mut self, now: Instant, out: &mut Vec<Action>) -> Option<Phase> {
+        if self.held_abort.as_ref().is_some_and(|h| h.until <= now) {
+            self.relay_held_abort(out);
+        }
         if self.stall_window.is_some_and(|t| t <= now) {
             self.stall_window = None;
             if !self.stalls.is_empty() {
                 let verdict = stall_verdict(&self.stalls);
                 self.stalls.clear();
+                // A cause: a held abort was its consequence, and so are
+                // failures reported after it.
+                self.held_abort = None;
+                self.relayed_failure = true;
                 self.relay(verdict, None, out);
             }
         }
@@ -783,6 +848,81 @@ mod tests {
         assert!(root.is_done());
     }
 
+    // ------------------------------------------------------ abort grace --
+
+    /// A running root of three ranks (connection `r + 1` is rank `r`).
+    fn running3(t0: Instant) -> Root {
+        let mut root = Root::new(t0, Duration::from_secs(5));
+        for r in 0..3 {
+            root.on_event(t0, registered(r as ConnId + 1, r, 3, settings("4M")));
+        }
+        assert!(matches!(root.phase, Phase::Running(_)));
+        root
+    }
+
+    fn abort_by(rank: usize) -> Event {
+        Event::Abort {
+            conn: rank as ConnId + 1,
+            rank,
+            notice: Notice::Failed {
+                origin: rank,
+                aborted: true,
+                message: "abort()".into(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_abort_is_relayed_after_its_grace() {
+        let t0 = Instant::now();
+        let mut root = running3(t0);
+        assert!(root.on_event(t0, abort_by(1)).is_empty());
+        assert_eq!(root.next_wake(), Some(t0 + ABORT_GRACE));
+        assert!(root.on_timer(t0 + ABORT_GRACE / 2).is_empty());
+        let out = root.on_timer(t0 + ABORT_GRACE);
+        assert_eq!(
+            out,
+            vec![Action::Relay {
+                to: vec![1, 3],
+                notice: Notice::Failed {
+                    origin: 1,
+                    aborted: true,
+                    message: "abort()".into()
+                }
+            }]
+        );
+        // The aborted rank leaving is no news; nor is a second abort.
+        assert!(root.on_event(t0, abort_by(2)).is_empty());
+        let eof = Event::Eof { conn: 2, rank: 1 };
+        assert!(root.on_event(t0 + ABORT_GRACE, eof).is_empty());
+        assert_eq!(root.next_wake(), None);
+    }
+
+    #[test]
+    fn a_death_within_an_abort_s_grace_is_the_cause() {
+        // Rank 1's watchdog aborts because another communicator lost rank
+        // 2; rank 2's death reaches this root a moment later.
+        let t0 = Instant::now();
+        let mut root = running3(t0);
+        assert!(root.on_event(t0, abort_by(1)).is_empty());
+        // Rank 1 leaves: its abort explains it, and it stays held.
+        assert!(root
+            .on_event(t0, Event::Eof { conn: 2, rank: 1 })
+            .is_empty());
+        let later = t0 + ABORT_GRACE / 2;
+        let out = root.on_event(later, Event::Eof { conn: 3, rank: 2 });
+        match &out[..] {
+            [Action::Relay {
+                to,
+                notice: Notice::Lost { rank: 2, .. },
+            }] => assert_eq!(to, &vec![1]),
+            other => panic!("{other:?}"),
+        }
+        // The abort is dropped: a consequence.
+        assert_eq!(root.next_wake(), None);
+        assert!(root.on_timer(t0 + ABORT_GRACE).is_empty());
+    }
+
     // ------------------------------------- random jobs, random orders --
 
     /// What one connection received.
@@ -807,6 +947,9 @@ mod tests {
         Stops(usize),
         /// Times out after this many barriers, waiting for this rank.
         TimesOut(usize, usize),
+        /// Calls `abort()` after this many barriers (a reaction to
+        /// something the root does not see, or to a cause it will see).
+        Aborts(usize),
     }
 
     /// One connection of the job: a rank (or a stranger claiming one).
@@ -821,6 +964,7 @@ mod tests {
         done: bool,
         barriers: usize,
         failed: bool,
+        aborted: bool,
         said_goodbye: bool,
     }
 
@@ -844,10 +988,11 @@ mod tests {
         setup_over: usize,
         door_closed: bool,
         relays: Vec<(Notice, Vec<ConnId>)>,
-        /// The first failure event delivered after setup, and whether a
-        /// verdict (timer) was relayed before it.
-        first_failure: Option<Notice>,
-        verdict_first: bool,
+        /// Every failure event delivered after setup, in order (an
+        /// aborted rank's connection ending is not one); and the number
+        /// delivered when the first relay went out.
+        failures: Vec<Notice>,
+        failures_at_first_relay: Option<usize>,
         arrived: HashMap<u64, HashSet<usize>>,
         left_during_setup: bool,
         /// A registration that must fail setup was delivered before the
@@ -899,8 +1044,8 @@ mod tests {
                                 .or_default()
                                 .push(Got::Notice(notice.clone()));
                         }
-                        if self.relays.is_empty() && self.first_failure.is_none() {
-                            self.verdict_first = true;
+                        if self.relays.is_empty() {
+                            self.failures_at_first_relay = Some(self.failures.len());
                         }
                         self.relays.push((notice, to));
                     }
@@ -933,7 +1078,7 @@ mod tests {
             if got.iter().any(|g| matches!(g, Got::Reject(_))) || c.failed || c.said_goodbye {
                 return Some(eof);
             }
-            let failing = matches!(c.fate, Fate::Fails(k) if k == c.barriers);
+            let failing = matches!(c.fate, Fate::Fails(k) | Fate::Aborts(k) if k == c.barriers);
             if got.iter().any(|g| matches!(g, Got::Notice(_))) && !(failing && self.rng.chance(50))
             {
                 // The call failed: the process ends, politely or not
@@ -963,6 +1108,15 @@ mod tests {
                         origin: rank,
                         aborted: false,
                         message: format!("rank {rank} failed"),
+                    },
+                },
+                Fate::Aborts(k) if k == at => Event::Abort {
+                    conn: id,
+                    rank,
+                    notice: Notice::Failed {
+                        origin: rank,
+                        aborted: true,
+                        message: "abort()".into(),
                     },
                 },
                 Fate::TimesOut(k, on) if k == at => Event::Abort {
@@ -1018,7 +1172,10 @@ mod tests {
                 Event::Abort { notice, .. } => {
                     self.conns[i].failed = true;
                     if is_winner && self.table_sent && !matches!(notice, Notice::Timeout { .. }) {
-                        self.first_failure.get_or_insert(notice.clone());
+                        self.failures.push(notice.clone());
+                    }
+                    if matches!(notice, Notice::Failed { aborted: true, .. }) {
+                        self.conns[i].aborted = true;
                     }
                     if matches!(notice, Notice::Timeout { .. }) {
                         self.conns[i].failed = false;
@@ -1030,8 +1187,9 @@ mod tests {
                         && is_winner
                         && self.table_sent
                         && !self.ended.contains(&id)
+                        && !self.conns[i].aborted
                     {
-                        self.first_failure.get_or_insert(Notice::Lost {
+                        self.failures.push(Notice::Lost {
                             rank,
                             detail: format!(
                                 "its control connection to the root on host{rank} closed without goodbye"
@@ -1099,6 +1257,7 @@ mod tests {
                 1 => Fate::Fails(rng.below(barriers + 1)),
                 2 => Fate::Stops(rng.below(barriers + 1)),
                 3 => Fate::TimesOut(rng.below(barriers + 1), rng.below(nranks)),
+                4 => Fate::Aborts(rng.below(barriers + 1)),
                 _ => Fate::Normal,
             };
             conns.push(Conn {
@@ -1111,6 +1270,7 @@ mod tests {
                 done: false,
                 barriers: 0,
                 failed: false,
+                aborted: false,
                 said_goodbye: false,
             });
         }
@@ -1140,6 +1300,7 @@ mod tests {
                 done: false,
                 barriers: 0,
                 failed: false,
+                aborted: false,
                 said_goodbye: false,
             });
         }
@@ -1160,8 +1321,8 @@ mod tests {
             setup_over: 0,
             door_closed: false,
             relays: Vec::new(),
-            first_failure: None,
-            verdict_first: false,
+            failures: Vec::new(),
+            failures_at_first_relay: None,
             arrived: HashMap::new(),
             left_during_setup: false,
             fatal_registration: false,
@@ -1289,14 +1450,24 @@ mod tests {
                 );
             }
         }
-        // The first relay is the first failure delivered, unless a verdict
-        // (a timer) came first; each rank's first notice is that relay.
+        // The first relay is the first cause delivered (an abort only when
+        // no other cause came before it was relayed), unless a verdict (a
+        // timer) came first; each rank's first notice is that relay.
+        let is_abort = |n: &Notice| matches!(n, Notice::Failed { aborted: true, .. });
         if let Some((first, to)) = sim.relays.first() {
-            if !sim.verdict_first {
+            let before = &sim.failures[..sim.failures_at_first_relay.unwrap()];
+            let cause = before.iter().find(|n| !is_abort(n));
+            let verdict = matches!(
+                first,
+                Notice::Stalled { .. } | Notice::Cycle { .. } | Notice::Absent { .. }
+            );
+            if verdict {
+                assert!(cause.is_none(), "{ctx}\na verdict relayed after {cause:?}");
+            } else {
                 assert_eq!(
                     Some(first),
-                    sim.first_failure.as_ref(),
-                    "{ctx}\nfirst relay is not the first failure"
+                    cause.or(before.first()),
+                    "{ctx}\nfirst relay is not the first cause"
                 );
             }
             for c in to {
@@ -1308,8 +1479,9 @@ mod tests {
                 );
             }
         } else {
+            // An abort is dropped only when nobody was left to tell.
             assert!(
-                sim.first_failure.is_none(),
+                sim.failures.iter().all(is_abort),
                 "{ctx}\na failure was never relayed"
             );
         }
