@@ -6,24 +6,30 @@
 //! piece at a time, into its shared memory (all but its own segment of the
 //! piece); the owner of each segment reduces that segment of every peer's
 //! copy and of its own input into its shared memory; then every rank
-//! copies the reduced segments into its output:
+//! copies the reduced segments into its output. The three stages of
+//! consecutive pieces overlap, so that one `Sync` a piece orders them all:
 //!
 //! ```text
-//! piece j:  Copy input -> shared[b] (but the own segment)   Sync
-//!           ReduceFrom own segment (own part: the input)     Sync
-//!           CopyFrom every owner's segment -> output
+//! phase k:  ReduceFrom own segment of piece k-1 (own part: the input)
+//!           CopyFrom every owner's segment of piece k-2 -> output
+//!           Copy input of piece k -> shared[k % 2] (but the own segment)
+//!           Sync
 //! ```
 //!
 //! Each byte of input is read from memory once and each byte of output
 //! written once: the minimum any all-reduce moves. The pieces are sized
 //! to stay in cache, so the copies in and the reductions between them
 //! cost cache bandwidth only (the ring's traffic is higher: it reads its
-//! reduced segment back from memory to pass it on). Two buffers `b`
-//! alternate: a rank copies piece `j + 1` in while a slower peer may still
-//! copy piece `j` out; piece `j + 2` reuses the buffer only after every
-//! rank has passed the first `Sync` of piece `j + 1`, hence finished
-//! reading piece `j`. A last `Sync` keeps the next call from overwriting
-//! what a peer still reads.
+//! reduced segment back from memory to pass it on). Two buffers alternate,
+//! and what phase k touches in each is disjoint from what any rank may
+//! still touch there: piece k goes into the segments of `shared[k % 2]`
+//! that owners finished reducing (piece k-2, before Sync k-1), while its
+//! own segment, which the reduction of piece k will overwrite, is read by
+//! the copies out of piece k-2 only until Sync k. Two last phases reduce
+//! and copy out the last pieces; the last `Sync` keeps the next call from
+//! overwriting what a peer still reads. (Earlier, two `Sync`s a piece,
+//! one after the copies in and one after the reductions: on 4 ranks
+//! sharing 2 cores each is a context switch.)
 //!
 //! The reduction of an element combines every rank's input in rank order
 //! at its owner: bitwise identical on every rank, as the ring's is.
@@ -32,8 +38,9 @@ use crate::algorithm::Algorithm;
 use crate::schedule::{chunks, seg_len, seg_off, Action, Schedule, Span, INPUT, OUTPUT, SHARED};
 use crate::spec::{CollSpec, Kind, Tuning};
 
-/// All-reduce through `shared` elements of shared memory (two pieces of
-/// half of it).
+/// All-reduce through `shared` elements of shared memory (two buffers of
+/// half of it, each a slot of `cap` elements per rank; needs `shared >= 2
+/// * n`).
 pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize) -> Schedule {
     if n == 1 {
         return Schedule::copy_all(count);
@@ -42,58 +49,71 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize)
     if count == 0 {
         return s;
     }
-    let piece = (shared / 2).max(1);
-    s.shared = 2 * piece.min(count);
-    let mut outs: Vec<u32> = Vec::new();
-    for (j, (off, len)) in chunks(0, count, piece).enumerate() {
-        let b = (j % 2) * piece;
-        // Every segment but this rank's own goes in (its owner reads it
-        // there); the own one is reduced straight from the input.
-        let (o, l) = (seg_off(len, n, rank), seg_len(len, n, rank));
-        let mut staged_in = Vec::new();
-        for (from, to) in [(0, o), (o + l, len)] {
-            if to > from {
-                staged_in.push(s.push(
-                    Action::Copy {
-                        src: Span::new(INPUT, off + from, to - from),
-                        dst: Span::new(SHARED, b + from, to - from),
+    // Segment q of every piece lives in slot q of its buffer, whatever the
+    // piece's length (the last one is shorter): so what a phase writes
+    // into a buffer never overlaps the slot a peer may still read there.
+    let cap = (shared / 2 / n).max(1).min(count.div_ceil(n));
+    let piece = cap * n;
+    s.shared = 2 * piece;
+    let pieces: Vec<(usize, usize)> = chunks(0, count, piece).collect();
+    let slot = |j: usize, q: usize| (j % 2) * piece + q * cap;
+    // Phase k (after Sync k - 1) reduces piece k - 1, copies piece k - 2
+    // out and stages piece k; see the module documentation for why one
+    // `Sync` a piece is enough with two buffers.
+    let mut sync: Option<u32> = None;
+    for k in 0..=pieces.len() + 1 {
+        let after: Vec<u32> = sync.into_iter().collect();
+        let mut done = Vec::new();
+        if let Some(j) = k.checked_sub(1).filter(|j| *j < pieces.len()) {
+            let (off, len) = pieces[j];
+            let (o, l) = (seg_off(len, n, rank), seg_len(len, n, rank));
+            if l > 0 {
+                let mine = Span::new(SHARED, slot(j, rank), l);
+                let mut last = s.push(
+                    Action::ReduceFrom {
+                        dst: mine,
+                        src: mine,
+                        own: Span::new(INPUT, off + o, l),
                     },
-                    &outs,
-                ));
+                    &after,
+                );
+                if avg {
+                    last = s.push(Action::Divide { dst: mine }, &[last]);
+                }
+                done.push(last);
             }
         }
-        let staged = s.push(Action::Sync, &staged_in);
-        let mut last = staged;
-        if l > 0 {
-            let mine = Span::new(SHARED, b + o, l);
-            last = s.push(
-                Action::ReduceFrom {
-                    dst: mine,
-                    src: mine,
-                    own: Span::new(INPUT, off + o, l),
-                },
-                &[staged],
-            );
-            if avg {
-                last = s.push(Action::Divide { dst: mine }, &[last]);
+        if let Some(j) = k.checked_sub(2).filter(|j| *j < pieces.len()) {
+            let (off, len) = pieces[j];
+            for q in 0..n {
+                let (o, l) = (seg_off(len, n, q), seg_len(len, n, q));
+                if l == 0 {
+                    continue;
+                }
+                let (src, dst) = (Span::new(SHARED, slot(j, q), l), Span::new(OUTPUT, off + o, l));
+                let action = match q == rank {
+                    true => Action::Copy { src, dst },
+                    false => Action::CopyFrom { peer: q, src, dst },
+                };
+                done.push(s.push(action, &after));
             }
         }
-        let reduced = s.push(Action::Sync, &[last]);
-        outs.clear();
-        for k in 0..n {
-            let (o, l) = (seg_off(len, n, k), seg_len(len, n, k));
-            if l == 0 {
-                continue;
+        if let Some(&(off, len)) = pieces.get(k) {
+            // Every segment but this rank's own goes in (its owner reads
+            // it there); the own one is reduced straight from the input.
+            for q in (0..n).filter(|q| *q != rank) {
+                let (o, l) = (seg_off(len, n, q), seg_len(len, n, q));
+                if l > 0 {
+                    let copy = Action::Copy {
+                        src: Span::new(INPUT, off + o, l),
+                        dst: Span::new(SHARED, slot(k, q), l),
+                    };
+                    done.push(s.push(copy, &after));
+                }
             }
-            let (src, dst) = (Span::new(SHARED, b + o, l), Span::new(OUTPUT, off + o, l));
-            let action = match k == rank {
-                true => Action::Copy { src, dst },
-                false => Action::CopyFrom { peer: k, src, dst },
-            };
-            outs.push(s.push(action, &[reduced]));
         }
+        sync = Some(s.push(Action::Sync, &done));
     }
-    s.push(Action::Sync, &outs);
     s
 }
 
@@ -156,7 +176,7 @@ impl Algorithm for CopyIn {
     fn supports(&self, spec: &CollSpec) -> bool {
         spec.direct.is_none()
             && match spec.kind {
-                Kind::AllReduce => spec.shared >= 2,
+                Kind::AllReduce => spec.shared >= 2 * spec.nranks,
                 Kind::AllToAll => spec.shared >= 2 * spec.nranks,
                 _ => false,
             }
