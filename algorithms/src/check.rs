@@ -421,9 +421,18 @@ pub fn simulate(
                         }
                         true
                     }
-                    Action::ReduceFrom { dst, src, own } => {
+                    Action::ReduceFrom {
+                        dst,
+                        src,
+                        own,
+                        also,
+                    } => {
                         let out = reduce_from(&ranks, r, src, own, &now, &mut races)
                             .map_err(|e| ctx(&e))?;
+                        if let Some(a) = also {
+                            write(&mut ranks[r].mem, a, out.clone(), (r, r), &now, &mut races)
+                                .map_err(|e| ctx(&e))?;
+                        }
                         write(&mut ranks[r].mem, dst, out, (r, r), &now, &mut races)
                             .map_err(|e| ctx(&e))?;
                         true

@@ -11,7 +11,8 @@
 //!
 //! ```text
 //! phase k:  ReduceFrom own segment of piece k-1 (own part: the input)
-//!           CopyFrom every owner's segment of piece k-2 -> output
+//!             into shared[(k-1) % 2] and the own output at once
+//!           CopyFrom every other owner's segment of piece k-2 -> output
 //!           Copy input of piece k -> shared[k % 2] (but the own segment)
 //!           Sync
 //! ```
@@ -57,6 +58,10 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize)
     s.shared = 2 * piece;
     let pieces: Vec<(usize, usize)> = chunks(0, count, piece).collect();
     let slot = |j: usize, q: usize| (j % 2) * piece + q * cap;
+    // The owner writes its own output segment in the reduction's pass
+    // (its peers' copy stays cached for them): one pass less. An average
+    // divides the shared copy afterwards, so it copies its own out.
+    let fused = !avg;
     // Phase k (after Sync k - 1) reduces piece k - 1, copies piece k - 2
     // out and stages piece k; see the module documentation for why one
     // `Sync` a piece is enough with two buffers.
@@ -74,6 +79,7 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize)
                         dst: mine,
                         src: mine,
                         own: Span::new(INPUT, off + o, l),
+                        also: fused.then_some(Span::new(OUTPUT, off + o, l)),
                     },
                     &after,
                 );
@@ -90,8 +96,12 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool, shared: usize)
                 if l == 0 {
                     continue;
                 }
-                let (src, dst) = (Span::new(SHARED, slot(j, q), l), Span::new(OUTPUT, off + o, l));
+                let (src, dst) = (
+                    Span::new(SHARED, slot(j, q), l),
+                    Span::new(OUTPUT, off + o, l),
+                );
                 let action = match q == rank {
+                    true if fused => continue,
                     true => Action::Copy { src, dst },
                     false => Action::CopyFrom { peer: q, src, dst },
                 };

@@ -36,6 +36,7 @@ pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool) -> Schedule {
             dst: mine,
             src: Span::new(INPUT, off, len),
             own: Span::new(INPUT, off, len),
+            also: None,
         },
         &[ready],
     );
@@ -105,6 +106,7 @@ pub fn all_reduce_push(rank: usize, n: usize, count: usize, avg: bool, piece: us
                 dst: slot,
                 src: Span::new(INPUT, o, l),
                 own: Span::new(INPUT, o, l),
+                also: None,
             },
             &deps,
         );
@@ -223,6 +225,7 @@ pub fn reduce_scatter(rank: usize, count: usize, avg: bool, in_place: bool) -> S
             dst,
             src: Span::new(INPUT, rank * count, count),
             own: Span::new(INPUT, rank * count, count),
+            also: None,
         },
         &[ready],
     );
@@ -246,6 +249,7 @@ pub fn reduce(rank: usize, count: usize, root: usize, avg: bool) -> Schedule {
                 dst,
                 src: Span::new(INPUT, 0, count),
                 own: Span::new(INPUT, 0, count),
+                also: None,
             },
             &[at],
         );
@@ -361,7 +365,12 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
                 }
                 None
             }
-            Action::ReduceFrom { dst, src, own } => {
+            Action::ReduceFrom {
+                dst,
+                src,
+                own,
+                also,
+            } => {
                 let base = out.scratch;
                 out.scratch += n * src.len;
                 let mut got = deps.clone();
@@ -378,7 +387,7 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
                     ));
                 }
                 let slots = Span::new(SCRATCH, base, n * src.len);
-                Some(push(
+                let combined = push(
                     &mut out,
                     Action::Combine {
                         dst,
@@ -387,7 +396,11 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
                         me: rank,
                     },
                     &got,
-                ))
+                );
+                Some(match also {
+                    Some(a) => push(&mut out, Action::Copy { src: dst, dst: a }, &[combined]),
+                    None => combined,
+                })
             }
             action => Some(push(&mut out, action, &deps)),
         };

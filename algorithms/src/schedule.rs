@@ -77,8 +77,16 @@ pub enum Action {
     /// here; the buffer has the same shape on every rank) and, for this
     /// rank's own contribution, `own` (its `src`, or any of its memory of
     /// that length). `dst` may be `own` (in place), never a span peers read
-    /// before the next [`Action::Sync`].
-    ReduceFrom { dst: Span, src: Span, own: Span },
+    /// before the next [`Action::Sync`]. `also`: the same combination
+    /// written into this span of this rank's memory too, in the same pass
+    /// (a copy-in owner's segment of its own output, beside the copy its
+    /// peers read; nobody reads it during the call).
+    ReduceFrom {
+        dst: Span,
+        src: Span,
+        own: Span,
+        also: Option<Span>,
+    },
     /// Direct access: [`Action::ReduceFrom`]'s combination written into
     /// `dst` of this rank and of every peer (mapped access only; the buffer
     /// has the same shape on every rank), in one pass: what a reduction

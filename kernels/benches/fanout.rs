@@ -53,7 +53,7 @@ unsafe fn own(way: Way, o: usize, n: usize, ins: &[usize], outs: &[usize], slot:
                     copy_streaming(dk as *mut u8, slot.as_ptr() as *const u8, l * 4);
                 }
             }
-            Way::Fused => reduce_n_fanout(Op::Sum, &d, &s, l, true),
+            Way::Fused => reduce_n_fanout(Op::Sum, &d, &s, l, d.len()),
         }
         at += l;
     }

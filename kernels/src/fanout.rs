@@ -31,10 +31,12 @@ const STAGE: usize = 4096;
 struct Stage([u8; STAGE]);
 
 /// `dsts[k][i] = srcs[0][i] op srcs[1][i] op ..` for every `k` and every
-/// `i < len`. With `streaming`, the destinations are written past the cache
-/// (non-temporal stores) where the CPU has them (AVX2) and the
-/// destinations share their alignment modulo 64 bytes; otherwise through
-/// it. One source is a copy to every destination.
+/// `i < len`. The first `streamed` destinations are written past the cache
+/// (non-temporal stores) where the CPU has them (AVX2) and they share
+/// their alignment modulo 64 bytes; otherwise, and the others always,
+/// through it (a copy-in all_reduce's owner streams its own output and
+/// keeps the copy its peers read next cached). One source is a copy to
+/// every destination.
 ///
 /// # Safety
 /// Every source holds `len` readable elements and every destination `len`
@@ -46,9 +48,9 @@ pub unsafe fn reduce_n_fanout<T: Scalar>(
     dsts: &[*mut T],
     srcs: &[*const T],
     len: usize,
-    streaming: bool,
+    streamed: usize,
 ) {
-    reduce_n_fanout_with(isa_for::<T>(len), op, dsts, srcs, len, streaming)
+    reduce_n_fanout_with(isa_for::<T>(len), op, dsts, srcs, len, streamed)
 }
 
 /// [`reduce_n_fanout`] with an explicit ISA (tests and benchmarks).
@@ -61,7 +63,7 @@ pub unsafe fn reduce_n_fanout_with<T: Scalar>(
     dsts: &[*mut T],
     srcs: &[*const T],
     len: usize,
-    streaming: bool,
+    streamed: usize,
 ) {
     assert!(
         !srcs.is_empty() && !dsts.is_empty(),
@@ -72,10 +74,11 @@ pub unsafe fn reduce_n_fanout_with<T: Scalar>(
         "kernels: {isa:?} not supported by this CPU"
     );
     let es = std::mem::size_of::<T>();
+    let streamed = streamed.min(dsts.len());
     let mis = dsts[0] as usize % 64;
-    let aligned_alike = dsts.iter().all(|d| *d as usize % 64 == mis);
+    let aligned_alike = dsts[..streamed].iter().all(|d| *d as usize % 64 == mis);
     let stream = cfg!(target_arch = "x86_64")
-        && streaming
+        && streamed > 0
         && aligned_alike
         && isa >= Isa::Avx2
         && srcs.len() > 1;
@@ -92,9 +95,9 @@ pub unsafe fn reduce_n_fanout_with<T: Scalar>(
     through_cache(isa, op, dsts, srcs, 0, head);
     if body > 0 {
         // SAFETY: isa >= Avx2 and supported (checked above); the
-        // destinations are 64-byte aligned at `head`; `body` is a whole
-        // number of blocks; the ranges are the caller's.
-        T::k_fanout(isa, op, dsts, srcs, head, head + body);
+        // streamed destinations are 64-byte aligned at `head`; `body` is a
+        // whole number of blocks; the ranges are the caller's.
+        T::k_fanout(isa, op, dsts, streamed, srcs, head, head + body);
     }
     through_cache(isa, op, dsts, srcs, head + body, len);
 }
@@ -165,6 +168,25 @@ unsafe fn through_cache<T: Scalar>(
     }
 }
 
+/// Write one combined block (`BLOCK` bytes at `src`, 64-byte aligned) to
+/// every destination at element `i`: the first `streamed` with
+/// non-temporal stores (64-byte aligned there), the rest through the
+/// cache; the caller fences.
+///
+/// # Safety
+/// AVX2 must be available; every destination holds `BLOCK` bytes at `i`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn write_block<T>(dsts: &[*mut T], streamed: usize, i: usize, src: *const u8) {
+    for (k, d) in dsts.iter().enumerate() {
+        let d = d.add(i) as *mut u8;
+        match k < streamed {
+            true => stream_block(d, src),
+            false => std::ptr::copy_nonoverlapping(src, d, BLOCK),
+        }
+    }
+}
+
 /// Stream one block (`BLOCK` bytes at `src`, 64-byte aligned) to `dst`
 /// (64-byte aligned) with non-temporal stores; the caller fences.
 ///
@@ -202,7 +224,7 @@ mod tests {
         nsrc: usize,
         len: usize,
         shift: usize,
-        streaming: bool,
+        streamed: usize,
         in_place: bool,
     }
 
@@ -214,16 +236,21 @@ mod tests {
                 for nsrc in [1usize, 2, 3, 5] {
                     for len in [0usize, 1, 7, 63, 64, 200, 1000, 4099] {
                         for shift in [0usize, 1, 3] {
-                            for (streaming, in_place) in
-                                [(false, false), (false, true), (true, false), (true, true)]
-                            {
+                            for (streamed, in_place) in [
+                                (0, false),
+                                (0, true),
+                                (3, false),
+                                (3, true),
+                                (1, false),
+                                (1, true),
+                            ] {
                                 let c = Case {
                                     isa,
                                     op,
                                     nsrc,
                                     len,
                                     shift,
-                                    streaming,
+                                    streamed,
                                     in_place,
                                 };
                                 run::<T>(&make, &c);
@@ -255,15 +282,15 @@ mod tests {
         let sp: Vec<*const T> = sp.into_iter().map(|p| p as *const T).collect();
         // SAFETY: the vectors hold len + shift elements; the only overlap
         // is the exact alias of the in-place case.
-        unsafe { reduce_n_fanout_with(c.isa, c.op, &dsts, &sp, len, c.streaming) };
+        unsafe { reduce_n_fanout_with(c.isa, c.op, &dsts, &sp, len, c.streamed) };
         for (k, d) in dsts.iter().enumerate() {
             // SAFETY: as above.
             let got = unsafe { std::slice::from_raw_parts(*d, len) };
             let bad = got.iter().zip(&want).position(|(g, w)| g != w);
             assert!(
                 bad.is_none(),
-                "destination {k}, element {bad:?} differs: {:?} {:?}, {} sources, {len} elements, shift {shift}, streaming {}, in place {}",
-                c.isa, c.op, c.nsrc, c.streaming, c.in_place
+                "destination {k}, element {bad:?} differs: {:?} {:?}, {} sources, {len} elements, shift {shift}, streamed {}, in place {}",
+                c.isa, c.op, c.nsrc, c.streamed, c.in_place
             );
         }
     }

@@ -244,13 +244,14 @@ unsafe fn half_fanout<H: Half>(
     isa: Isa,
     op: Op,
     dsts: &[*mut H],
+    streamed: usize,
     srcs: &[*const H],
     from: usize,
     to: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
     {
-        use crate::fanout::{store_fence, stream_block, with_views, Block, BLOCK};
+        use crate::fanout::{store_fence, with_views, write_block, Block, BLOCK};
         let cnt = BLOCK / std::mem::size_of::<H>();
         let mut blk = Block([0; BLOCK]);
         let mut i = from;
@@ -258,17 +259,16 @@ unsafe fn half_fanout<H: Half>(
             // SAFETY: the block holds BLOCK bytes, 64-byte aligned, private.
             let acc = std::slice::from_raw_parts_mut(blk.0.as_mut_ptr() as *mut H, cnt);
             with_views(srcs, i, cnt, |v| half_nway(isa, op, acc, v));
-            for d in dsts {
-                // SAFETY: AVX2 (the caller's contract); d + i is 64-byte aligned.
-                stream_block(d.add(i) as *mut u8, blk.0.as_ptr());
-            }
+            // SAFETY: AVX2 (the caller's contract); streamed destinations
+            // are 64-byte aligned at i.
+            write_block(dsts, streamed, i, blk.0.as_ptr());
             i += cnt;
         }
         store_fence();
     }
     #[cfg(not(target_arch = "x86_64"))]
     unreachable!(
-        "kernels: streaming fan-out needs AVX2 ({isa:?} {op:?} {} {} {from} {to})",
+        "kernels: streaming fan-out needs AVX2 ({isa:?} {op:?} {} ({streamed} streamed) {} {from} {to})",
         dsts.len(),
         srcs.len()
     );
@@ -281,7 +281,7 @@ macro_rules! half_scalar {
             fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]) { half_binary(isa, op, dst, a, b) }
             fn k_assign(isa: Isa, op: Op, dst: &mut [Self], src: &[Self]) { half_assign(isa, op, dst, src) }
             fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]) { half_nway(isa, op, dst, srcs) }
-            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], srcs: &[*const Self], from: usize, to: usize) { half_fanout(isa, op, dsts, srcs, from, to) }
+            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], streamed: usize, srcs: &[*const Self], from: usize, to: usize) { half_fanout(isa, op, dsts, streamed, srcs, from, to) }
             fn div_count(x: Self, n: usize) -> Self { <$t>::from_f32(x.to_f32() / n as f32) }
         }
     )*};

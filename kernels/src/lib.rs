@@ -126,19 +126,20 @@ pub trait Scalar:
     /// `dst = op(srcs..)` with the given ISA; `srcs` is non-empty.
     #[doc(hidden)]
     fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]);
-    /// Elements `from..to` of every destination = op(srcs..), streamed
-    /// past the cache.
+    /// Elements `from..to` of every destination = op(srcs..), the first
+    /// `streamed` destinations streamed past the cache.
     ///
     /// # Safety
     /// `isa` is AVX2 or AVX-512 and supported; `srcs` has at least two
     /// sources; `to - from` is a whole number of 256-byte blocks; every
-    /// destination is 64-byte aligned at `from`; the ranges as for
-    /// [`reduce_n_fanout`].
+    /// streamed destination is 64-byte aligned at `from`; the ranges as
+    /// for [`reduce_n_fanout`].
     #[doc(hidden)]
     unsafe fn k_fanout(
         isa: Isa,
         op: Op,
         dsts: &[*mut Self],
+        streamed: usize,
         srcs: &[*const Self],
         from: usize,
         to: usize,

@@ -3,7 +3,7 @@
 //! the compiler vectorizes it for that ISA.
 
 #[cfg(target_arch = "x86_64")]
-use crate::fanout::{store_fence, stream_block, Block, BLOCK};
+use crate::fanout::{store_fence, write_block, Block, BLOCK};
 use crate::{sealed::Sealed, Isa, Op, Scalar};
 
 /// Element-wise operators of one native type.
@@ -27,7 +27,7 @@ macro_rules! native_int {
             fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]) { binary(isa, op, dst, a, b) }
             fn k_assign(isa: Isa, op: Op, dst: &mut [Self], src: &[Self]) { assign(isa, op, dst, src) }
             fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]) { nway(isa, op, dst, srcs) }
-            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], srcs: &[*const Self], from: usize, to: usize) { fanout(isa, op, dsts, srcs, from, to) }
+            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], streamed: usize, srcs: &[*const Self], from: usize, to: usize) { fanout(isa, op, dsts, streamed, srcs, from, to) }
             fn div_count(x: Self, n: usize) -> Self { (x as $wide / n as $wide) as $t }
         }
     )*};
@@ -53,7 +53,7 @@ macro_rules! native_float {
             fn k_binary(isa: Isa, op: Op, dst: &mut [Self], a: &[Self], b: &[Self]) { binary(isa, op, dst, a, b) }
             fn k_assign(isa: Isa, op: Op, dst: &mut [Self], src: &[Self]) { assign(isa, op, dst, src) }
             fn k_nway(isa: Isa, op: Op, dst: &mut [Self], srcs: &[&[Self]]) { nway(isa, op, dst, srcs) }
-            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], srcs: &[*const Self], from: usize, to: usize) { fanout(isa, op, dsts, srcs, from, to) }
+            unsafe fn k_fanout(isa: Isa, op: Op, dsts: &[*mut Self], streamed: usize, srcs: &[*const Self], from: usize, to: usize) { fanout(isa, op, dsts, streamed, srcs, from, to) }
             fn div_count(x: Self, n: usize) -> Self { x / n as $t }
         }
     )*};
@@ -178,8 +178,8 @@ pub(crate) fn nway<T: Native>(isa: Isa, op: Op, d: &mut [T], srcs: &[&[T]]) {
 }
 
 /// One block at a time: combine it in registers (the same fold as
-/// [`nway`]: `s0 op s1`, then each further source) and stream it to every
-/// destination (see `fanout.rs`).
+/// [`nway`]: `s0 op s1`, then each further source) and write it to every
+/// destination, the first `streamed` past the cache (see `fanout.rs`).
 ///
 /// # Safety
 /// AVX2 available; as for `Scalar::k_fanout`.
@@ -188,6 +188,7 @@ pub(crate) fn nway<T: Native>(isa: Isa, op: Op, d: &mut [T], srcs: &[&[T]]) {
 unsafe fn fanout_loop<T: Native>(
     f: impl Fn(T, T) -> T + Copy,
     dsts: &[*mut T],
+    streamed: usize,
     srcs: &[*const T],
     from: usize,
     to: usize,
@@ -207,9 +208,7 @@ unsafe fn fanout_loop<T: Native>(
                 *acc.add(j) = f(*acc.add(j), *s.add(j));
             }
         }
-        for d in dsts {
-            stream_block(d.add(i) as *mut u8, acc as *const u8);
-        }
+        write_block(dsts, streamed, i, acc as *const u8);
         i += cnt;
     }
     store_fence();
@@ -220,15 +219,16 @@ unsafe fn fanout_loop<T: Native>(
 unsafe fn fanout_body<T: Native>(
     op: Op,
     dsts: &[*mut T],
+    streamed: usize,
     srcs: &[*const T],
     from: usize,
     to: usize,
 ) {
     match op {
-        Op::Sum => fanout_loop(T::sum, dsts, srcs, from, to),
-        Op::Prod => fanout_loop(T::prod, dsts, srcs, from, to),
-        Op::Min => fanout_loop(T::min, dsts, srcs, from, to),
-        Op::Max => fanout_loop(T::max, dsts, srcs, from, to),
+        Op::Sum => fanout_loop(T::sum, dsts, streamed, srcs, from, to),
+        Op::Prod => fanout_loop(T::prod, dsts, streamed, srcs, from, to),
+        Op::Min => fanout_loop(T::min, dsts, streamed, srcs, from, to),
+        Op::Max => fanout_loop(T::max, dsts, streamed, srcs, from, to),
     }
 }
 
@@ -237,11 +237,12 @@ unsafe fn fanout_body<T: Native>(
 unsafe fn fanout_avx2<T: Native>(
     op: Op,
     dsts: &[*mut T],
+    streamed: usize,
     srcs: &[*const T],
     from: usize,
     to: usize,
 ) {
-    fanout_body(op, dsts, srcs, from, to)
+    fanout_body(op, dsts, streamed, srcs, from, to)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -249,14 +250,16 @@ unsafe fn fanout_avx2<T: Native>(
 unsafe fn fanout_avx512<T: Native>(
     op: Op,
     dsts: &[*mut T],
+    streamed: usize,
     srcs: &[*const T],
     from: usize,
     to: usize,
 ) {
-    fanout_body(op, dsts, srcs, from, to)
+    fanout_body(op, dsts, streamed, srcs, from, to)
 }
 
-/// Elements `from..to` of every destination, streamed (`Scalar::k_fanout`).
+/// Elements `from..to` of every destination, the first `streamed` streamed
+/// (`Scalar::k_fanout`).
 ///
 /// # Safety
 /// As for `Scalar::k_fanout`.
@@ -264,15 +267,16 @@ pub(crate) unsafe fn fanout<T: Native>(
     isa: Isa,
     op: Op,
     dsts: &[*mut T],
+    streamed: usize,
     srcs: &[*const T],
     from: usize,
     to: usize,
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => fanout_avx2(op, dsts, srcs, from, to),
+        Isa::Avx2 => fanout_avx2(op, dsts, streamed, srcs, from, to),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => fanout_avx512(op, dsts, srcs, from, to),
+        Isa::Avx512 => fanout_avx512(op, dsts, streamed, srcs, from, to),
         _ => unreachable!("kernels: streaming fan-out needs AVX2"),
     }
 }

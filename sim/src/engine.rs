@@ -452,8 +452,15 @@ impl Sim<'_> {
             Action::Reduce { dst, .. } | Action::Divide { dst } => {
                 m.step_overhead + self.bytes(dst.len) / m.reduce_rate
             }
-            Action::Combine { dst, .. } | Action::ReduceFrom { dst, .. } => {
-                m.step_overhead + (n - 1.0).max(0.0) * self.bytes(dst.len) / m.reduce_rate
+            Action::Combine { dst, .. }
+            | Action::ReduceFrom {
+                dst, also: None, ..
+            } => m.step_overhead + (n - 1.0).max(0.0) * self.bytes(dst.len) / m.reduce_rate,
+            // The reduction, and a copy's worth of writing more.
+            Action::ReduceFrom { dst, .. } => {
+                m.step_overhead
+                    + (n - 1.0).max(0.0) * self.bytes(dst.len) / m.reduce_rate
+                    + self.bytes(dst.len) / m.copy_rate
             }
             // The reduction, then a copy's worth of writing per peer.
             Action::ReduceToAll { dst, .. } => {

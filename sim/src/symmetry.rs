@@ -73,9 +73,16 @@ fn spans(a: &Action) -> Vec<Span> {
         Action::Combine {
             dst, input, slots, ..
         } => vec![dst, input, slots],
-        Action::ReduceFrom { dst, src, own } | Action::ReduceToAll { dst, src, own } => {
-            vec![dst, src, own]
-        }
+        Action::ReduceFrom {
+            dst,
+            src,
+            own,
+            also,
+        } => [Some(dst), Some(src), Some(own), also]
+            .into_iter()
+            .flatten()
+            .collect(),
+        Action::ReduceToAll { dst, src, own } => vec![dst, src, own],
         Action::Sync => vec![],
     }
 }

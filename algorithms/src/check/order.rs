@@ -173,9 +173,10 @@ fn accesses(action: &Action, nranks: usize) -> (Vec<Span>, Vec<Span>) {
         }
         // Peers' memory is the race check's business; the own part of a
         // direct read is read here.
-        Action::ReduceFrom { dst, own, .. } | Action::ReduceToAll { dst, own, .. } => {
-            (vec![own], vec![dst])
+        Action::ReduceFrom { dst, own, also, .. } => {
+            (vec![own], [Some(dst), also].into_iter().flatten().collect())
         }
+        Action::ReduceToAll { dst, own, .. } => (vec![own], vec![dst]),
         Action::CopyFrom { dst, .. } => (vec![], vec![dst]),
         Action::CopyTo { src, .. } => (vec![src], vec![]),
         Action::Sync => (vec![], vec![]),

@@ -154,7 +154,7 @@ impl Compute for HostCompute {
         op: kernels::Op,
         dsts: &[Region],
         srcs: &[Region],
-        final_out: bool,
+        streamed: usize,
     ) -> Result<Pending> {
         let es = dtype.size();
         let len = dsts.first().map_or(0, |d| d.len / es);
@@ -187,7 +187,7 @@ impl Compute for HostCompute {
             // destination is a source exactly or overlaps none, and no
             // destination overlaps another.
             unsafe {
-                kernels::reduce_n_fanout(op, &d[..dsts.len()], &s[..srcs.len()], len, final_out)
+                kernels::reduce_n_fanout(op, &d[..dsts.len()], &s[..srcs.len()], len, streamed)
             };
         });
         Ok(Pending::DONE)

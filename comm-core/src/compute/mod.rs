@@ -58,10 +58,10 @@ pub trait Compute: Send {
     ) -> Result<Pending>;
     /// Start `dsts[k] = srcs[0] op srcs[1] op ..` for every `k`, in that
     /// order (the bits of [`Compute::reduce`]). A destination may be a
-    /// source exactly (in place), never overlap one otherwise. `final_out`:
-    /// the destinations are a large call's final outputs, which nobody
-    /// reads soon. An engine whose work completes in order may do it as a
-    /// reduction into the first destination and copies from it (this
+    /// source exactly (in place), never overlap one otherwise. The first
+    /// `streamed` destinations are a large call's final outputs, which
+    /// nobody reads soon. An engine whose work completes in order may do it
+    /// as a reduction into the first destination and copies from it (this
     /// default).
     fn reduce_fanout(
         &mut self,
@@ -69,9 +69,9 @@ pub trait Compute: Send {
         op: kernels::Op,
         dsts: &[Region],
         srcs: &[Region],
-        final_out: bool,
+        streamed: usize,
     ) -> Result<Pending> {
-        let _ = final_out;
+        let _ = streamed;
         reduce_then_copy(self, dtype, op, dsts, srcs)
     }
     /// Start `dst /= divisor` (the end of `Avg`).

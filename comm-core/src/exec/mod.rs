@@ -553,6 +553,7 @@ fn execute_with(
                     dst,
                     src,
                     own: mine,
+                    also,
                 } => {
                     let dx = direct_ctx(cx)?;
                     let at = region(bufs, own, src, es);
@@ -572,7 +573,18 @@ fn execute_with(
                             }
                         }
                     }
-                    compute.reduce(cx.dtype, cx.op, region(bufs, own, dst, es), srcs)?
+                    let to = region(bufs, own, dst, es);
+                    match also {
+                        // The own output first: streamed when final.
+                        Some(a) => {
+                            dsts.clear();
+                            dsts.push(region(bufs, own, a, es));
+                            dsts.push(to);
+                            let streamed = usize::from(stream_out && a.buf == OUTPUT);
+                            compute.reduce_fanout(cx.dtype, cx.op, dsts, srcs, streamed)?
+                        }
+                        None => compute.reduce(cx.dtype, cx.op, to, srcs)?,
+                    }
                 }
                 Action::ReduceToAll {
                     dst,
@@ -602,8 +614,11 @@ fn execute_with(
                             }
                         }
                     }
-                    let final_out = stream_out && dst.buf == OUTPUT;
-                    compute.reduce_fanout(cx.dtype, cx.op, dsts, srcs, final_out)?
+                    let streamed = match stream_out && dst.buf == OUTPUT {
+                        true => dsts.len(),
+                        false => 0,
+                    };
+                    compute.reduce_fanout(cx.dtype, cx.op, dsts, srcs, streamed)?
                 }
                 Action::CopyFrom { peer, src, dst } => {
                     let dx = direct_ctx(cx)?;
