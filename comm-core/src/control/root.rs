@@ -551,13 +551,10 @@ impl Running {
             Event::Abort { notice, .. } => notice,
             Event::Registered { .. } | Event::Refused { .. } => return None,
         };
-        // A cause within an abort's grace: the abort was a consequence.
-        self.held_abort = None;
         // The first cause is the one that matters: a failure reported
         // after one was relayed is a consequence of it.
         if !(self.relayed_failure && matches!(notice, Notice::Failed { .. })) {
-            self.relayed_failure = true;
-            self.relay(notice, Some(rank), out);
+            self.relay_cause(notice, Some(rank), out);
         }
         self.all_gone()
     }
@@ -592,35 +589,29 @@ impl Running {
         }
     }
 
-    /// Relay the held abort (if still held and no failure was relayed).
-    fn relay_held_abort(&mut self, out: &mut Vec<Action>) {
-        if let Some(h) = self.held_abort.take() {
-            if !self.relayed_failure {
-                self.relayed_failure = true;
-                self.relay(h.notice, Some(h.rank), out);
-            }
-        }
+    /// Relay a cause of the job's failure: later `Failed` notices are its
+    /// consequences, and so is an abort still held (an abort is held only
+    /// while no cause was relayed).
+    fn relay_cause(&mut self, notice: Notice, except: Option<usize>, out: &mut Vec<Action>) {
+        self.held_abort = None;
+        self.relayed_failure = true;
+        self.relay(notice, except, out);
     }
 
     fn on_timer(&mut self, now: Instant, out: &mut Vec<Action>) -> Option<Phase> {
-        if self.held_abort.as_ref().is_some_and(|h| h.until <= now) {
-            self.relay_held_abort(out);
+        if let Some(h) = self.held_abort.take_if(|h| h.until <= now) {
+            self.relay_cause(h.notice, Some(h.rank), out);
         }
         if self.stall_window.is_some_and(|t| t <= now) {
             self.stall_window = None;
             if !self.stalls.is_empty() {
                 let verdict = stall_verdict(&self.stalls);
                 self.stalls.clear();
-                // A cause: a held abort was its consequence, and so are
-                // failures reported after it.
-                self.held_abort = None;
-                self.relayed_failure = true;
-                self.relay(verdict, None, out);
+                self.relay_cause(verdict, None, out);
             }
         }
         if let Some(b) = self.barrier.take_if(|b| b.deadline <= now) {
-            self.relayed_failure = true;
-            self.relay(b.absent(now), None, out);
+            self.relay_cause(b.absent(now), None, out);
         }
         None
     }
