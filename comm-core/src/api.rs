@@ -155,7 +155,7 @@ pub(crate) fn run_coll(
     // Plain host buffers of ranks that map each other's shared memory may
     // run copy-in schedules.
     let shared = match st.staging.is_some() && direct.is_none() && !staged {
-        true => crate::executor::shared_bytes(inner.nranks) / c.dtype.size(),
+        true => crate::executor::shared_bytes(inner.nranks, st.copyin_memory) / c.dtype.size(),
         false => 0,
     };
     let spec = CollSpec {

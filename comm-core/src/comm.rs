@@ -128,6 +128,9 @@ pub(crate) struct State {
     /// Every rank's shared memory of copy-in schedules, when all ranks
     /// share this host.
     pub(crate) staging: Option<SharedMaps>,
+    /// Bytes of that memory, over all ranks, that copy-in schedules use:
+    /// agreed when it was mapped (every rank builds the same schedule).
+    pub(crate) copyin_memory: usize,
     /// Every rank's small page, when all ranks share this host
     /// ([`executor::small`]).
     pub(crate) small: Option<executor::small::SmallPages>,
@@ -564,6 +567,7 @@ impl Communicator {
                     clock: CallClock::new(),
                     flags: None,
                     staging: None,
+                    copyin_memory: 0,
                     small: None,
                     shared_allocs: 0,
                     shared: Vec::new(),
@@ -662,12 +666,29 @@ impl Communicator {
             crate::mem::shared::put_handle(&mut rec, &handle)?;
             own.push(m);
         }
+        // The copy-in's share of the shared memory, as this rank would
+        // choose it: the schedule depends on it, so ranks take the least.
+        let copyin = self
+            .inner
+            .config
+            .copyin_memory
+            .unwrap_or_else(|| executor::copyin_memory(crate::sys::last_level_cache()));
+        rec.extend_from_slice(&(copyin as u64).to_le_bytes());
         let mut all = vec![0u8; PAGES_RECORD * n];
         self.all_gather(&rec, &mut all)?;
         let mut peers: Vec<Vec<Option<Box<dyn crate::transport::Mapped>>>> = sizes
             .iter()
             .map(|_| (0..n).map(|_| None).collect())
             .collect();
+        let copyin = (0..n)
+            .map(|k| {
+                let at = (k + 1) * PAGES_RECORD - 8;
+                let b = u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes"));
+                usize::try_from(b).unwrap_or(usize::MAX)
+            })
+            .min()
+            .unwrap_or(copyin)
+            .max(executor::COPYIN_MIN);
         for k in (0..n).filter(|k| *k != me) {
             let rec = &all[k * PAGES_RECORD..(k + 1) * PAGES_RECORD];
             for (i, len) in sizes.into_iter().enumerate() {
@@ -710,6 +731,7 @@ impl Communicator {
                 flag_peers.expect("three pages"),
             ));
             st.staging = Some(shared);
+            st.copyin_memory = copyin;
             st.seq = 0;
             inner_flight.forget();
             Ok(())
@@ -1095,8 +1117,9 @@ const ID_RECORD: usize = 128;
 /// Bytes of one handle in the host-page exchange: its length and bytes.
 const HANDLE_RECORD: usize = 1 + crate::mem::shared::HANDLE_MAX;
 
-/// Bytes per rank in the host-page exchange: three handles.
-const PAGES_RECORD: usize = 3 * HANDLE_RECORD;
+/// Bytes per rank in the host-page exchange: three handles, then the
+/// copy-in memory the rank would choose (u64, little-endian).
+const PAGES_RECORD: usize = 3 * HANDLE_RECORD + 8;
 
 /// `last_algorithm`'s value for the small-message path (not a schedule).
 pub(crate) const SMALL_PATH: usize = usize::MAX;

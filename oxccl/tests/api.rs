@@ -900,9 +900,10 @@ fn small_calls_between_general_calls_reuse_their_slot() {
 #[test]
 fn large_plain_all_reduces_on_one_host_copy_in_through_shared_memory() {
     // From 1 MiB per rank (f32: 262144 elements); counts that are no
-    // multiple of the ranks or of a piece (524288 f32), in and out of
-    // place, back to back so each call reuses the shared memory the last
-    // one's readers left.
+    // multiple of the ranks or of a piece (349 524 f32 with 8 MiB of
+    // shared memory, whatever this host's cache), in and out of place,
+    // back to back so each call reuses the shared memory the last one's
+    // readers left.
     let cases: [(usize, bool, ReduceOp); 6] = [
         (262_144, false, ReduceOp::Sum),
         (1_300_001, false, ReduceOp::Sum),
@@ -912,7 +913,11 @@ fn large_plain_all_reduces_on_one_host_copy_in_through_shared_memory() {
         (2_000_000, false, ReduceOp::Min),
     ];
     let n = 3;
-    let results = with_ranks(n, test_config(), |c| {
+    let cfg = Config {
+        copyin_memory: Some(8 << 20),
+        ..test_config()
+    };
+    let results = with_ranks(n, cfg, |c| {
         let r = c.rank();
         let mut took = Vec::new();
         for &(count, in_place, op) in &cases {
@@ -951,12 +956,43 @@ fn large_plain_all_reduces_on_one_host_copy_in_through_shared_memory() {
 }
 
 #[test]
+fn ranks_asking_for_different_copy_in_memory_stage_through_the_least() {
+    // Rank 1 would stage through 64 KiB over all ranks (pieces of 2 730
+    // f32 on 3 ranks), the others through 8 MiB (pieces of 349 524): the
+    // schedule follows the size, so unless every rank takes the same one
+    // the owners reduce segments their peers never staged (or wait for
+    // `Sync`s that never come).
+    let n = 3;
+    let cfg = |r: usize| Config {
+        copyin_memory: Some(if r == 1 { 64 << 10 } else { 8 << 20 }),
+        timeout: Duration::from_secs(20),
+        ..test_config()
+    };
+    let took = with_rank_configs(n, cfg, |c| {
+        let r = c.rank();
+        let count = 1_000_003;
+        let input: Vec<f32> = (0..count).map(|i| ((i % 13) + 4 * r) as f32).collect();
+        let mut out = vec![f32::NAN; count];
+        c.all_reduce(&input, &mut out, ReduceOp::Sum).unwrap();
+        for (i, v) in out.iter().enumerate() {
+            assert_eq!(*v, 3.0 * (i % 13) as f32 + 12.0, "element {i} on rank {r}");
+        }
+        c.last_algorithm()
+    });
+    assert!(took.iter().all(|a| *a == Some("copyin")), "{took:?}");
+}
+
+#[test]
 fn large_plain_all_to_alls_on_one_host_copy_in_through_shared_memory() {
     // 3 and 4 ranks (2 keep the pairwise exchange), in and out of place,
     // blocks of several pieces (4 ranks: 2 MiB of shared memory per rank,
     // 65536 f32 per block per piece) and one not a multiple of a piece.
+    let cfg = Config {
+        copyin_memory: Some(8 << 20),
+        ..test_config()
+    };
     for n in [2, 3, 4] {
-        let took = with_ranks(n, test_config(), move |c| {
+        let took = with_ranks(n, cfg.clone(), move |c| {
             let r = c.rank();
             let mut took = Vec::new();
             for (count, in_place) in [(100_003usize, false), (200_000, true), (90_001, false)] {

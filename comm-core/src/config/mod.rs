@@ -51,6 +51,12 @@ pub struct Config {
     /// Largest all-reduce (bytes per rank) that uses the one-shot algorithm
     /// when no algorithm is forced (`OXCCL_ONESHOT_BYTES`).
     pub oneshot_bytes: usize,
+    /// Shared memory the copy-in algorithm stages plain buffers through,
+    /// over all of a host's ranks (`OXCCL_COPYIN_MEMORY`, 64 KiB to 1 GiB;
+    /// each rank uses at most 4 MiB of it). Unset: a quarter of the
+    /// last-level cache as the kernel reports it (8 MiB when it does not).
+    /// Ranks need not agree: they use the smallest any of them has.
+    pub copyin_memory: Option<usize>,
     /// Stage every call's messages through host slots, as calls on device
     /// memory are (`OXCCL_STAGING=always`; default `auto`: only those).
     /// Ranks need not agree: staging changes no message.
@@ -89,6 +95,7 @@ impl Default for Config {
             host_id: None,
             algo: None,
             oneshot_bytes: 16 << 10,
+            copyin_memory: None,
             stage_always: false,
             tuner: None,
             flight_calls: crate::flight::DEFAULT_CALLS,
@@ -130,6 +137,7 @@ impl Config {
         if let Some(b) = vars::size("OXCCL_ONESHOT_BYTES")? {
             c.oneshot_bytes = b;
         }
+        c.copyin_memory = vars::size("OXCCL_COPYIN_MEMORY")?;
         c.stage_always = vars::choice("OXCCL_STAGING")? == Some("always");
         if let Some(p) = vars::text("OXCCL_TUNER_PROFILE")? {
             c.tuner = Some(vars::profile("OXCCL_TUNER_PROFILE", &p)?);
@@ -188,6 +196,9 @@ impl Config {
         numbers("OXCCL_BUFFSIZE", self.chunk_bytes, "chunk_bytes")?;
         numbers("OXCCL_SOCKET_BUFFER", self.socket_buffer, "socket_buffer")?;
         numbers("OXCCL_ONESHOT_BYTES", self.oneshot_bytes, "oneshot_bytes")?;
+        if let Some(b) = self.copyin_memory {
+            numbers("OXCCL_COPYIN_MEMORY", b, "copyin_memory")?;
+        }
         numbers("OXCCL_FLIGHT_CALLS", self.flight_calls, "flight_calls")?;
         numbers(
             "OXCCL_TRACE_MAX_EVENTS",

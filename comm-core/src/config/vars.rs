@@ -80,6 +80,14 @@ pub const VARS: &[Var] = &[
         what: "how long a rank retries reaching the root before failing",
     },
     Var {
+        name: "OXCCL_COPYIN_MEMORY",
+        kind: Kind::Size {
+            min: 64 << 10,
+            max: 1 << 30,
+        },
+        what: "shared memory the copy-in algorithm stages through, over all of a host's ranks",
+    },
+    Var {
         name: "OXCCL_CUDA_INCLUDE",
         kind: Kind::Text,
         what: "folder of the CUDA headers nccl.h includes (testing: nccl-abi's C suite; scripts/nccl-headers)",

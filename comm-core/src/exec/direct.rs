@@ -72,13 +72,28 @@ pub(crate) const FLAG_PAGE: usize = 4096;
 /// (see [`crate::algorithms::copyin`]). Pages are touched only when used.
 pub(crate) const SHARED_BYTES: usize = 4 << 20;
 
-/// The bytes of shared memory a copy-in schedule of `n` ranks uses: 8 MiB
-/// over all ranks (at most [`SHARED_BYTES`] each), so the pieces in flight
-/// stay in the last-level cache. Measured (256 MiB, medians of 6
-/// alternating runs, busbw GB/s): 4 ranks 4.12 with 2 MiB per rank, 3.52
-/// with 4 MiB, 3.93 with 1 MiB; 2 ranks 6.35 with 4 MiB, 6.22 with 2 MiB.
-pub(crate) fn shared_bytes(n: usize) -> usize {
-    ((8 << 20) / n.max(1)).min(SHARED_BYTES)
+/// The shared memory, over all of a host's ranks, that copy-in schedules
+/// use when the configuration does not say (`Config::copyin_memory`): a
+/// quarter of the last-level cache (`llc`), so that the pieces in flight
+/// stay cached beside the inputs and outputs streaming past them; 8 MiB
+/// when the cache is not known. Measured (256 MiB all_reduce, busbw GB/s):
+/// with a 32 MiB cache, 4 ranks 4.12 with 8 MiB (medians of 6), 3.52 with
+/// 16, 3.93 with 4; 2 ranks 6.35 with 8, 6.22 with 4. With an 8 MiB cache
+/// (a virtual machine's share of a larger one), 8 MiB against 2 (medians
+/// of 5 alternating runs): 2 ranks 2.22 against 3.82, 4 ranks 1.44
+/// against 2.31 (docs/PERFORMANCE.md, eighth round).
+pub(crate) fn copyin_memory(llc: Option<usize>) -> usize {
+    llc.map_or(8 << 20, |c| (c / 4).max(COPYIN_MIN))
+}
+
+/// The least shared memory copy-in schedules are given (over all ranks).
+pub(crate) const COPYIN_MIN: usize = 256 << 10;
+
+/// The bytes of shared memory a copy-in schedule of `n` ranks uses, of
+/// `total` agreed over all of them: an equal share each, at most
+/// [`SHARED_BYTES`].
+pub(crate) fn shared_bytes(n: usize, total: usize) -> usize {
+    (total / n.max(1)).min(SHARED_BYTES)
 }
 
 /// Where a span of a peer's buffer lies.

@@ -29,7 +29,9 @@ pub(crate) use call::{describe_call, CallCtx, CallName};
 
 use direct::PeerSpan;
 pub(crate) use direct::{buffer_ids, describe};
-pub(crate) use direct::{shared_bytes, DirectCtx, SyncFlags, FLAG_PAGE, SHARED_BYTES};
+pub(crate) use direct::{
+    copyin_memory, shared_bytes, DirectCtx, SyncFlags, COPYIN_MIN, FLAG_PAGE, SHARED_BYTES,
+};
 pub use header::{WireHeader, HEADER_LEN};
 
 use crate::bootstrap::ControlEvent;

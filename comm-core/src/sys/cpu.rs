@@ -24,8 +24,67 @@ pub fn affinity() -> Vec<u8> {
     bytes
 }
 
+/// The size of the last-level cache of the first CPU this thread may run
+/// on (the largest of its highest level, as the kernel reports it under
+/// `/sys/devices/system/cpu/cpuN/cache`); `None` when the kernel does not
+/// say. (Not `sysconf`: glibc asks the CPU, which inside a virtual machine
+/// may describe the host's cache rather than the share the guest sees,
+/// 64 MiB against the kernel's 8 MiB on one.)
+pub fn last_level_cache() -> Option<usize> {
+    let mask = affinity();
+    let cpu = mask
+        .iter()
+        .enumerate()
+        .find(|(_, b)| **b != 0)
+        .map_or(0, |(i, b)| i * 8 + b.trailing_zeros() as usize);
+    let dir = std::fs::read_dir(format!("/sys/devices/system/cpu/cpu{cpu}/cache")).ok()?;
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("index"))
+        .filter_map(|e| {
+            let read = |f: &str| std::fs::read_to_string(e.path().join(f)).ok();
+            if read("type")?.trim() == "Instruction" {
+                return None;
+            }
+            let level: u32 = read("level")?.trim().parse().ok()?;
+            Some((level, cache_size(read("size")?.trim())?))
+        })
+        .max()
+        .map(|(_, size)| size)
+}
+
+/// A cache size as sysfs writes it: `512K`, `32M`, or bytes.
+fn cache_size(s: &str) -> Option<usize> {
+    let (digits, unit) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 1 << 10),
+        b'M' => (&s[..s.len() - 1], 1 << 20),
+        b'G' => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(unit)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(super::cache_size("8192K"), Some(8 << 20));
+        assert_eq!(super::cache_size("32M"), Some(32 << 20));
+        assert_eq!(super::cache_size("1G"), Some(1 << 30));
+        assert_eq!(super::cache_size("65536"), Some(65536));
+        assert_eq!(super::cache_size("K"), None);
+        assert_eq!(super::cache_size("12Q"), None);
+        assert_eq!(super::cache_size(""), None);
+    }
+
+    #[test]
+    fn the_last_level_cache_is_at_least_a_first_level_one() {
+        // Where the kernel says nothing (some containers) there is nothing
+        // to check.
+        if let Some(b) = super::last_level_cache() {
+            assert!(b >= 4 << 10, "{b}");
+        }
+    }
+
     #[test]
     fn this_thread_may_run_somewhere() {
         let mask = super::affinity();

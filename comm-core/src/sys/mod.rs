@@ -2,7 +2,8 @@
 //! in one place (as mio keeps its syscalls under `sys/`): shared memory
 //! (memfd, mappings), wake-ups (eventfd, futex), fd passing and peer
 //! credentials over Unix sockets, other processes through `/proc`, the
-//! monotonic clock as an integer, this thread's CPU affinity.
+//! monotonic clock as an integer, this thread's CPU affinity and the size
+//! of its last-level cache.
 //! Each wrapper is small and safe to call; `unsafe` stays in here.
 
 mod clock;
@@ -13,7 +14,7 @@ mod proc;
 mod shm;
 
 pub use clock::{CallClock, Stamp};
-pub use cpu::affinity;
+pub use cpu::{affinity, last_level_cache};
 pub use event::{drain, eventfd, futex_wait, futex_wake, poll, poll_one, signal, wait_readable};
 pub use fdpass::{peer_process, recv_fds, send_fds};
 pub use proc::{open_process_fd, process_gone};
