@@ -268,6 +268,14 @@ mod tests {
             ..Config::default()
         };
         assert!(matches!(c.validate(), Err(Error::Config(_))));
+        let c = Config {
+            copyin_memory: Some(1000),
+            ..Config::default()
+        };
+        match c.validate() {
+            Err(Error::Config(m)) => assert!(m.contains("OXCCL_COPYIN_MEMORY"), "{m}"),
+            other => panic!("{other:?}"),
+        }
         assert!(Config::default().validate().is_ok());
     }
 }

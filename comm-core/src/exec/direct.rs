@@ -83,11 +83,12 @@ pub(crate) const SHARED_BYTES: usize = 4 << 20;
 /// of 5 alternating runs): 2 ranks 2.22 against 3.82, 4 ranks 1.44
 /// against 2.31 (docs/PERFORMANCE.md, eighth round).
 pub(crate) fn copyin_memory(llc: Option<usize>) -> usize {
-    llc.map_or(8 << 20, |c| (c / 4).max(COPYIN_MIN))
+    llc.map_or(8 << 20, |c| (c / 4).max(256 << 10))
 }
 
-/// The least shared memory copy-in schedules are given (over all ranks).
-pub(crate) const COPYIN_MIN: usize = 256 << 10;
+/// The least shared memory copy-in schedules are given, over all ranks
+/// (`OXCCL_COPYIN_MEMORY`'s minimum).
+pub(crate) const COPYIN_MIN: usize = 64 << 10;
 
 /// The bytes of shared memory a copy-in schedule of `n` ranks uses, of
 /// `total` agreed over all of them: an equal share each, at most
@@ -309,7 +310,20 @@ pub(crate) fn sleep_on(dx: &DirectCtx<'_>, peer: usize, target: u32) -> Result<(
 
 #[cfg(test)]
 mod tests {
-    use super::reached;
+    use super::{copyin_memory, reached, shared_bytes, SHARED_BYTES};
+
+    #[test]
+    fn the_copy_in_takes_a_quarter_of_the_cache_within_what_is_exported() {
+        // The 32 MiB cache it was tuned on keeps its 8 MiB; an 8 MiB one
+        // gets 2; unknown, 8; a tiny one no less than 256 KiB.
+        assert_eq!(copyin_memory(Some(32 << 20)), 8 << 20);
+        assert_eq!(copyin_memory(Some(8 << 20)), 2 << 20);
+        assert_eq!(copyin_memory(None), 8 << 20);
+        assert_eq!(copyin_memory(Some(512 << 10)), 256 << 10);
+        // An equal share each, never more than a rank exported.
+        assert_eq!(shared_bytes(4, 8 << 20), 2 << 20);
+        assert_eq!(shared_bytes(2, 64 << 20), SHARED_BYTES);
+    }
 
     #[test]
     fn phase_comparison_survives_wraparound() {
