@@ -52,6 +52,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_SOCKET_BUFFER", &["0", "1", "4K"]),
         ("OXCCL_SHM_BUFFSIZE", &["1", "x"]),
         ("OXCCL_ONESHOT_BYTES", &["x", "-1"]),
+        ("OXCCL_COPYIN_MEMORY", &["1", "2G", "x", "-1"]),
         ("OXCCL_TRANSPORT", &["udp"]),
         ("OXCCL_ALGO", &["spanning-tree"]),
         ("OXCCL_KERNEL_ISA", &["foo"]),
