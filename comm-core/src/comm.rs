@@ -680,14 +680,14 @@ impl Communicator {
             .iter()
             .map(|_| (0..n).map(|_| None).collect())
             .collect();
-        let copyin = (0..n)
-            .map(|k| {
-                let at = (k + 1) * PAGES_RECORD - 8;
-                let b = u64::from_le_bytes(all[at..at + 8].try_into().expect("8 bytes"));
+        // Every record holds a choice, this rank's included.
+        let copyin = all
+            .chunks_exact(PAGES_RECORD)
+            .map(|rec| {
+                let b = u64::from_le_bytes(rec[PAGES_RECORD - 8..].try_into().expect("8 bytes"));
                 usize::try_from(b).unwrap_or(usize::MAX)
             })
-            .min()
-            .unwrap_or(copyin)
+            .fold(copyin, usize::min)
             .max(executor::COPYIN_MIN);
         for k in (0..n).filter(|k| *k != me) {
             let rec = &all[k * PAGES_RECORD..(k + 1) * PAGES_RECORD];

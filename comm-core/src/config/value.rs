@@ -138,6 +138,8 @@ mod tests {
     #[test]
     fn byte_sizes_parse_with_suffixes() {
         assert_eq!(parse_bytes("64M"), Some(64 << 20));
+        // As sysfs writes cache sizes (sys::last_level_cache), newline too.
+        assert_eq!(parse_bytes("8192K\n"), Some(8 << 20));
         assert_eq!(parse_bytes("8"), Some(8));
         assert_eq!(parse_bytes("4k"), Some(4096));
         assert_eq!(parse_bytes("1G"), Some(1 << 30));

@@ -46,36 +46,15 @@ pub fn last_level_cache() -> Option<usize> {
                 return None;
             }
             let level: u32 = read("level")?.trim().parse().ok()?;
-            Some((level, cache_size(read("size")?.trim())?))
+            // sysfs writes sizes as `512K`, `32M`.
+            Some((level, crate::config::parse_bytes(&read("size")?)?))
         })
         .max()
         .map(|(_, size)| size)
 }
 
-/// A cache size as sysfs writes it: `512K`, `32M`, or bytes.
-fn cache_size(s: &str) -> Option<usize> {
-    let (digits, unit) = match s.as_bytes().last()? {
-        b'K' => (&s[..s.len() - 1], 1 << 10),
-        b'M' => (&s[..s.len() - 1], 1 << 20),
-        b'G' => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(unit)
-}
-
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn cache_sizes_parse_as_sysfs_writes_them() {
-        assert_eq!(super::cache_size("8192K"), Some(8 << 20));
-        assert_eq!(super::cache_size("32M"), Some(32 << 20));
-        assert_eq!(super::cache_size("1G"), Some(1 << 30));
-        assert_eq!(super::cache_size("65536"), Some(65536));
-        assert_eq!(super::cache_size("K"), None);
-        assert_eq!(super::cache_size("12Q"), None);
-        assert_eq!(super::cache_size(""), None);
-    }
-
     #[test]
     fn the_last_level_cache_is_at_least_a_first_level_one() {
         // Where the kernel says nothing (some containers) there is nothing
