@@ -351,7 +351,7 @@ impl Communicator {
         id: &UniqueId,
         rank: usize,
         nranks: usize,
-        config: Config,
+        mut config: Config,
         transports: Transports,
         world: Vec<usize>,
     ) -> Result<Communicator> {
@@ -376,7 +376,7 @@ impl Communicator {
         } else {
             net::pick_address(config.socket_ifname.as_deref())?
         };
-        let ctx = SetupCtx {
+        let mut ctx = SetupCtx {
             comm_id: id.comm_id(),
             secret: *id.secret(),
             rank,
@@ -391,7 +391,7 @@ impl Communicator {
         }
         // The point-to-point lane's endpoints: a communicator id of their
         // own, so a lane link and a collectives' link cannot be mixed up.
-        let lane_ctx = SetupCtx {
+        let mut lane_ctx = SetupCtx {
             comm_id: ctx.comm_id ^ LANE_ID,
             ..ctx.clone()
         };
@@ -423,6 +423,7 @@ impl Communicator {
             rescue: rescue.local_addr().ok(),
             hosts_root: id.hosted_root().is_some(),
             cpus: crate::sys::affinity(),
+            llc: crate::sys::last_level_cache(),
         };
         let (control, peers) = bootstrap::rendezvous(
             id.root(),
@@ -448,6 +449,36 @@ impl Communicator {
             assigned[p.rank] = (transports.choose)(&config, &me, p)?;
         }
         let k = transports.list.len();
+        let mut per_transport = Vec::new();
+        // The one endpoint serving every peer, if there is one (direct
+        // access needs it).
+        let mut served_by: Option<usize> = None;
+        let mut mixed = false;
+        for t in 0..k {
+            let count = assigned.iter().filter(|a| **a == t).count();
+            if count > 0 {
+                mixed |= served_by.is_some();
+                served_by = Some(t);
+                per_transport.push(format!("{}:{count}", transports.list[t].name()));
+            }
+        }
+        let served_by = served_by.filter(|_| !mixed && nranks > 1);
+        // The pipelining chunk, unless configured: every rank derives the
+        // same from the peer table and the agreed transport rule, before
+        // the links that size their rings by it are made.
+        if config.chunk_bytes.is_none() {
+            let mapped = served_by
+                .and_then(|t| endpoints[t].direct())
+                .is_some_and(|d| d.access() == crate::algorithms::Access::Mapped);
+            config.chunk_bytes = Some(match mapped {
+                true => {
+                    crate::config::automatic_chunk(&peers.iter().map(|p| p.llc).collect::<Vec<_>>())
+                }
+                false => crate::config::DEFAULT_CHUNK_BYTES,
+            });
+            ctx.config.chunk_bytes = config.chunk_bytes;
+            lane_ctx.config.chunk_bytes = config.chunk_bytes;
+        }
         // Both sets connect at once (the lane's on a helper thread): the
         // lane costs init little more than its own setup's latency.
         let (links, lane_links) = std::thread::scope(|s| {
@@ -479,20 +510,6 @@ impl Communicator {
             (links, lane)
         });
         let (links, lane_links) = (links?, lane_links?);
-        let mut per_transport = Vec::new();
-        // The one endpoint serving every peer, if there is one (direct
-        // access needs it).
-        let mut served_by: Option<usize> = None;
-        let mut mixed = false;
-        for t in 0..k {
-            let count = assigned.iter().filter(|a| **a == t).count();
-            if count > 0 {
-                mixed |= served_by.is_some();
-                served_by = Some(t);
-                per_transport.push(format!("{}:{count}", transports.list[t].name()));
-            }
-        }
-        let served_by = served_by.filter(|_| !mixed && nranks > 1);
         let direct = served_by.and_then(|t| endpoints[t].direct());
         let mut net = Net::new(links);
         if let (Some(d), Some(t)) = (&direct, served_by) {
@@ -778,7 +795,8 @@ impl Communicator {
         self.inner.comm_id
     }
 
-    /// The configuration in effect.
+    /// The configuration in effect: the one given, with the chunk the
+    /// ranks agreed on where `chunk_bytes` was left unset.
     pub fn config(&self) -> &Config {
         &self.inner.config
     }
@@ -1638,7 +1656,11 @@ impl Inner {
 
     /// Elements per pipelined chunk for `dtype`.
     pub(crate) fn chunk_elems(&self, dtype: DataType) -> usize {
-        (self.config.chunk_bytes / dtype.size()).max(1)
+        let bytes = self
+            .config
+            .chunk_bytes
+            .unwrap_or(crate::config::DEFAULT_CHUNK_BYTES);
+        (bytes / dtype.size()).max(1)
     }
 }
 

@@ -147,6 +147,7 @@ pub fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         rescue: Some("10.0.0.7:4001".parse().unwrap()),
         hosts_root: false,
         cpus: vec![0b11],
+        llc: Some(8 << 20),
     };
     let mut reg = vec![1u8];
     reg.put_u32(4);

@@ -9,7 +9,8 @@
 //! so every rank picks the same algorithm without a message.
 //!
 //! The chunk size (how finely a call is pipelined) is chosen with it: the
-//! configured one (`OXCCL_BUFFSIZE`) and [`CHUNK_DIVISORS`] finer ones
+//! communicator's (`OXCCL_BUFFSIZE`, or the one its ranks agreed on) and
+//! [`CHUNK_DIVISORS`] finer ones
 //! down to [`MIN_CHUNK_BYTES`] are tried for every algorithm; the tuner
 //! never goes above the configured size.
 //!

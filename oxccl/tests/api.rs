@@ -410,7 +410,7 @@ mod registered {
         // the two-pass variant (reduce, divide, copy out).
         for n in [2, 3, 4] {
             let cfg = Config {
-                chunk_bytes: 4096,
+                chunk_bytes: Some(4096),
                 ..test_config()
             };
             with_ranks(n, cfg, |c| {
@@ -1076,4 +1076,49 @@ fn ranks_share_cores_as_their_bindings_say() {
     if cpus.len() >= 2 {
         assert_eq!(shares([cpus[0], cpus[1]]), [false, false]);
     }
+}
+
+#[test]
+fn the_chunk_is_agreed_at_init_from_the_cache_unless_configured() {
+    use comm_core::config::{automatic_chunk, DEFAULT_CHUNK_BYTES};
+    let chunks = |n: usize, cfg: &dyn Fn(usize) -> Config| {
+        with_rank_configs(n, cfg, |c| {
+            // The agreed chunk runs the collectives: a ring all_gather of
+            // several chunks a rank, exact.
+            let r = c.rank();
+            let count = 300_001;
+            let input: Vec<f32> = (0..count).map(|i| (r * count + i) as f32).collect();
+            let mut out = vec![f32::NAN; n * count];
+            c.all_gather(&input, &mut out).unwrap();
+            assert!(out.iter().enumerate().all(|(i, v)| *v == i as f32));
+            c.config().chunk_bytes
+        })
+    };
+    let llc = comm_core::sys::last_level_cache();
+    for n in [2, 4] {
+        // One host, shared memory: sized to the cache.
+        let want = automatic_chunk(&vec![llc; n]);
+        assert_eq!(
+            chunks(n, &|_| test_config()),
+            vec![Some(want); n],
+            "{n} ranks"
+        );
+        // Configured: kept as given.
+        let cfg = |_| Config {
+            chunk_bytes: Some(96 << 10),
+            ..test_config()
+        };
+        assert_eq!(chunks(n, &cfg), vec![Some(96 << 10); n]);
+    }
+    // TCP paces its links by the chunk too: the default, which TCP prefers.
+    assert_eq!(
+        chunks(2, &|_| tcp_config()),
+        vec![Some(DEFAULT_CHUNK_BYTES); 2]
+    );
+    // Two hosts (shared memory within each, TCP between): the default.
+    let cfg = |r: usize| Config {
+        host_id: Some(format!("host-{}", r / 2)),
+        ..test_config()
+    };
+    assert_eq!(chunks(4, &cfg), vec![Some(DEFAULT_CHUNK_BYTES); 4]);
 }

@@ -33,7 +33,7 @@ fn transport() -> Option<RdmaTransport> {
 /// rank 0's registry and rank 1's direct access.
 fn loopback(t: &RdmaTransport, chunk: usize) -> LoopbackPair {
     t.loopback_pair(Config {
-        chunk_bytes: chunk,
+        chunk_bytes: Some(chunk),
         ..Config::default()
     })
     .expect("loopback pair")

@@ -10,8 +10,9 @@
 //! end-of-stream, so the executor turns it into `PeerLost` at once.
 //!
 //! Memory is committed only as rings are used (a memfd is sparse);
-//! `OXCCL_SHM_BUFFSIZE` sizes each direction (default: two chunks of
-//! `OXCCL_BUFFSIZE` plus 64 KiB, so a chunk is never half-written).
+//! `OXCCL_SHM_BUFFSIZE` sizes each direction (default: two of the chunks
+//! the ranks agreed on, `OXCCL_BUFFSIZE` or the cache-sized automatic one,
+//! plus 64 KiB, so a chunk is never half-written).
 
 mod direct;
 pub mod ring;
@@ -155,7 +156,12 @@ impl Endpoint for ShmEndpoint {
         peers: &[(usize, Vec<u8>)],
         deadline: Instant,
     ) -> Result<Vec<(usize, Box<dyn Link>)>> {
-        let cap = ring_bytes(ctx.config.chunk_bytes)?;
+        // (At connect the chunk is the one the ranks agreed on.)
+        let chunk = ctx
+            .config
+            .chunk_bytes
+            .unwrap_or(comm_core::config::DEFAULT_CHUNK_BYTES);
+        let cap = ring_bytes(chunk)?;
         let links = comm_core::door::connect_pairwise(
             ctx,
             peers,

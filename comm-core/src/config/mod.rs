@@ -25,8 +25,13 @@ pub struct Config {
     /// TCP streams per peer (`OXCCL_NSOCKS`, 1..=16, default 2).
     pub nsocks: usize,
     /// Bytes per pipelined chunk and per receive staging slot
-    /// (`OXCCL_BUFFSIZE`, default 1 MiB, at least 4 KiB).
-    pub chunk_bytes: usize,
+    /// (`OXCCL_BUFFSIZE`, at least 4 KiB). Unset: the ranks agree on one
+    /// at init ([`crate::tune::automatic_chunk`]): sized to the smallest
+    /// last-level cache among them when every peer is reached through
+    /// mapped shared memory, else [`DEFAULT_CHUNK_BYTES`]. A
+    /// communicator's [`config`](crate::Communicator::config) holds the
+    /// agreed value.
+    pub chunk_bytes: Option<usize>,
     /// Interface for transport and bootstrap sockets (`OXCCL_SOCKET_IFNAME`,
     /// a name or prefix like NCCL's: `eth0`, `^docker`, `=eth1`).
     pub socket_ifname: Option<String>,
@@ -81,13 +86,40 @@ pub struct Config {
     pub trace_max_events: usize,
 }
 
+/// Bytes per pipelined chunk between hosts, and wherever the cache-sized
+/// choice does not apply or the cache is unknown.
+pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
+
+/// The chunk ranks use when `OXCCL_BUFFSIZE` is unset and every peer is
+/// reached through mapped shared memory, from each rank's last-level
+/// cache (`caches`, one entry per rank, as the peer table gives them, so
+/// every rank computes the same): the ranks' rings of two chunks each (one
+/// per ring neighbour, see `transport-shm`) take an eighth of the least
+/// cache, so the chunks in flight stay cached beside the buffers
+/// streaming past them; a power of two from 64 KiB to
+/// [`DEFAULT_CHUNK_BYTES`], which is also the answer when no rank knows
+/// its cache. A 32 MiB cache gives 2 ranks 1 MiB (the size measured best
+/// there) and 4 ranks 512 KiB; an 8 MiB one 256 and 128 KiB, which took
+/// 2 ranks' reduce_scatter to 0.66-0.73 of 1 MiB's time and 4 ranks'
+/// reduce to 0.50-0.68 (docs/PERFORMANCE.md, ninth round).
+pub fn automatic_chunk(caches: &[Option<usize>]) -> usize {
+    let Some(llc) = caches.iter().flatten().min() else {
+        return DEFAULT_CHUNK_BYTES;
+    };
+    let fit = llc / 8 / (2 * caches.len().max(1));
+    match fit.checked_ilog2() {
+        Some(log) => (1usize << log).clamp(64 << 10, DEFAULT_CHUNK_BYTES),
+        None => 64 << 10,
+    }
+}
+
 impl Default for Config {
     fn default() -> Config {
         Config {
             timeout: Duration::from_secs(600),
             connect_timeout: Duration::from_secs(30),
             nsocks: 2,
-            chunk_bytes: 1 << 20,
+            chunk_bytes: None,
             socket_ifname: None,
             socket_buffer: 4 << 20,
             transport: None,
@@ -122,9 +154,7 @@ impl Config {
         if let Some(n) = vars::count("OXCCL_NSOCKS")? {
             c.nsocks = n;
         }
-        if let Some(b) = vars::size("OXCCL_BUFFSIZE")? {
-            c.chunk_bytes = b;
-        }
+        c.chunk_bytes = vars::size("OXCCL_BUFFSIZE")?;
         if let Some(b) = vars::size("OXCCL_SOCKET_BUFFER")? {
             c.socket_buffer = b;
         }
@@ -193,7 +223,9 @@ impl Config {
         )?;
         durations("OXCCL_SPIN_US", self.spin, "spin")?;
         numbers("OXCCL_NSOCKS", self.nsocks, "nsocks")?;
-        numbers("OXCCL_BUFFSIZE", self.chunk_bytes, "chunk_bytes")?;
+        if let Some(b) = self.chunk_bytes {
+            numbers("OXCCL_BUFFSIZE", b, "chunk_bytes")?;
+        }
         numbers("OXCCL_SOCKET_BUFFER", self.socket_buffer, "socket_buffer")?;
         numbers("OXCCL_ONESHOT_BYTES", self.oneshot_bytes, "oneshot_bytes")?;
         if let Some(b) = self.copyin_memory {
@@ -227,7 +259,11 @@ impl Config {
                 self.transport.clone().unwrap_or_else(|| "auto".into()),
             ),
             ("OXCCL_NSOCKS", self.nsocks.to_string()),
-            ("OXCCL_BUFFSIZE", value::show_bytes(self.chunk_bytes)),
+            (
+                "OXCCL_BUFFSIZE",
+                self.chunk_bytes
+                    .map_or_else(|| "auto".into(), value::show_bytes),
+            ),
             (
                 "OXCCL_ALGO",
                 self.algo.clone().unwrap_or_else(|| "auto".into()),
@@ -257,6 +293,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_automatic_chunk_keeps_the_rings_in_an_eighth_of_the_least_cache() {
+        let mib = |m: usize| Some(m << 20);
+        assert_eq!(automatic_chunk(&[mib(32); 2]), 1 << 20);
+        assert_eq!(automatic_chunk(&[mib(32); 4]), 512 << 10);
+        assert_eq!(automatic_chunk(&[mib(8); 2]), 256 << 10);
+        assert_eq!(automatic_chunk(&[mib(8); 4]), 128 << 10);
+        // Every rank computes from the whole table: the least cache, the
+        // unknown ones left out.
+        assert_eq!(automatic_chunk(&[mib(32), mib(8)]), 256 << 10);
+        assert_eq!(
+            automatic_chunk(&[mib(8), None, mib(32), mib(32)]),
+            128 << 10
+        );
+        // Not a power of two: rounded down.
+        assert_eq!(automatic_chunk(&[mib(12); 2]), 256 << 10);
+        // Bounds: huge caches, tiny caches, many ranks, nothing known.
+        assert_eq!(automatic_chunk(&[Some(1 << 40); 2]), DEFAULT_CHUNK_BYTES);
+        assert_eq!(automatic_chunk(&[Some(1 << 10); 2]), 64 << 10);
+        assert_eq!(automatic_chunk(&[mib(8); 1024]), 64 << 10);
+        assert_eq!(automatic_chunk(&[None, None]), DEFAULT_CHUNK_BYTES);
+        assert_eq!(automatic_chunk(&[]), DEFAULT_CHUNK_BYTES);
+        assert_eq!(automatic_chunk(&[Some(0)]), 64 << 10);
+    }
+
+    #[test]
     fn validation_rejects_out_of_range() {
         let c = Config {
             nsocks: 0,
@@ -264,7 +325,7 @@ mod tests {
         };
         assert!(matches!(c.validate(), Err(Error::Config(_))));
         let c = Config {
-            chunk_bytes: 10,
+            chunk_bytes: Some(10),
             ..Config::default()
         };
         assert!(matches!(c.validate(), Err(Error::Config(_))));

@@ -67,7 +67,7 @@ pub const VARS: &[Var] = &[
             min: 4 << 10,
             max: 1 << 30,
         },
-        what: "bytes per pipelined chunk",
+        what: "bytes per pipelined chunk (unset: agreed from the cache on one host, else 1M)",
     },
     Var {
         name: "OXCCL_CACHE_DIR",

@@ -362,6 +362,7 @@ mod tests {
                     rescue: Some(addr),
                     hosts_root: r == 0,
                     cpus: Vec::new(),
+                    llc: None,
                 }
             })
             .collect()

@@ -126,6 +126,7 @@ pub fn encode_info(v: &mut Vec<u8>, p: &PeerInfo) {
     v.put_str(&p.rescue.map(|a| a.to_string()).unwrap_or_default());
     v.put_u8(p.hosts_root as u8);
     v.put_blob(&p.cpus);
+    v.put_u64(p.llc.map_or(0, |b| b as u64));
 }
 
 /// Decode one [`PeerInfo`] (bounded: 255 addresses of at most 4 KiB, a
@@ -153,6 +154,11 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
         b => return Err(Error::Protocol(format!("rank {rank}: bad root flag {b}"))),
     };
     let cpus = r.blob(MAX_CPU_MASK)?.to_vec();
+    // 0: unknown (a cache too large for this machine's usize is as good).
+    let llc = match r.u64()? {
+        0 => None,
+        b => Some(usize::try_from(b).unwrap_or(usize::MAX)),
+    };
     Ok(PeerInfo {
         rank,
         hostname,
@@ -162,6 +168,7 @@ pub fn decode_info(r: &mut Reader<'_>) -> Result<PeerInfo> {
         rescue,
         hosts_root,
         cpus,
+        llc,
     })
 }
 

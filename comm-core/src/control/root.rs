@@ -721,6 +721,7 @@ mod tests {
             rescue: None,
             hosts_root: rank == 0,
             cpus: vec![1],
+            llc: None,
         }
     }
 

@@ -243,6 +243,11 @@ pub struct PeerInfo {
     /// the mask is CPU `k`); empty when unknown. Its host's ranks decide
     /// from them whether they share cores ([`crate::wait::oversubscribed`]).
     pub cpus: Vec<u8>,
+    /// The size of this rank's last-level cache
+    /// ([`crate::sys::last_level_cache`]); `None` when unknown. The ranks
+    /// size their pipelining chunk from the least
+    /// ([`crate::config::automatic_chunk`]).
+    pub llc: Option<usize>,
 }
 
 /// Chooses, for one peer, which transport of the set serves it.
