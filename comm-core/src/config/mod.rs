@@ -26,7 +26,7 @@ pub struct Config {
     pub nsocks: usize,
     /// Bytes per pipelined chunk and per receive staging slot
     /// (`OXCCL_BUFFSIZE`, at least 4 KiB). Unset: the ranks agree on one
-    /// at init ([`crate::tune::automatic_chunk`]): sized to the smallest
+    /// at init ([`automatic_chunk`]): sized to the smallest
     /// last-level cache among them when every peer is reached through
     /// mapped shared memory, else [`DEFAULT_CHUNK_BYTES`]. A
     /// communicator's [`config`](crate::Communicator::config) holds the
@@ -100,8 +100,8 @@ pub const DEFAULT_CHUNK_BYTES: usize = 1 << 20;
 /// [`DEFAULT_CHUNK_BYTES`], which is also the answer when no rank knows
 /// its cache. A 32 MiB cache gives 2 ranks 1 MiB (the size measured best
 /// there) and 4 ranks 512 KiB; an 8 MiB one 256 and 128 KiB, which took
-/// 2 ranks' reduce_scatter to 0.66-0.73 of 1 MiB's time and 4 ranks'
-/// reduce to 0.50-0.68 (docs/PERFORMANCE.md, ninth round).
+/// 2 ranks' reduce_scatter to 0.55-0.76 of 1 MiB's time and 4 ranks'
+/// reduce to 0.39-0.63 (1-64 MiB; docs/PERFORMANCE.md, ninth round).
 pub fn automatic_chunk(caches: &[Option<usize>]) -> usize {
     let Some(llc) = caches.iter().flatten().min() else {
         return DEFAULT_CHUNK_BYTES;
