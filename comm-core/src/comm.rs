@@ -1656,11 +1656,7 @@ impl Inner {
 
     /// Elements per pipelined chunk for `dtype`.
     pub(crate) fn chunk_elems(&self, dtype: DataType) -> usize {
-        let bytes = self
-            .config
-            .chunk_bytes
-            .unwrap_or(crate::config::DEFAULT_CHUNK_BYTES);
-        (bytes / dtype.size()).max(1)
+        (self.config.chunk() / dtype.size()).max(1)
     }
 }
 

@@ -1096,7 +1096,10 @@ fn the_chunk_is_agreed_at_init_from_the_cache_unless_configured() {
     };
     let llc = comm_core::sys::last_level_cache();
     for n in [2, 4] {
-        // One host, shared memory: sized to the cache.
+        // One host, shared memory: sized to the cache. (Where that comes
+        // to 1 MiB, a 32 MiB cache on 2 ranks or none known, this case
+        // cannot tell it from the default; 4 ranks on any cache up to
+        // 32 MiB can, as an 8 MiB one does for both.)
         let want = automatic_chunk(&vec![llc; n]);
         assert_eq!(
             chunks(n, &|_| test_config()),

@@ -72,12 +72,7 @@ impl RdmaTransport {
             // slots, so its writes overlap the peer's reads.
             // (Before the ranks meet: the configured chunk or the default,
             // which is what they agree on over RDMA.)
-            slot_bytes: (ctx
-                .config
-                .chunk_bytes
-                .unwrap_or(comm_core::config::DEFAULT_CHUNK_BYTES)
-                / 4)
-            .clamp(16 << 10, 4 << 20) as u32,
+            slot_bytes: (ctx.config.chunk() / 4).clamp(16 << 10, 4 << 20) as u32,
         });
         let bind = || {
             TcpListener::bind(SocketAddr::new(ctx.bind_addr, 0))

@@ -157,11 +157,7 @@ impl Endpoint for ShmEndpoint {
         deadline: Instant,
     ) -> Result<Vec<(usize, Box<dyn Link>)>> {
         // (At connect the chunk is the one the ranks agreed on.)
-        let chunk = ctx
-            .config
-            .chunk_bytes
-            .unwrap_or(comm_core::config::DEFAULT_CHUNK_BYTES);
-        let cap = ring_bytes(chunk)?;
+        let cap = ring_bytes(ctx.config.chunk())?;
         let links = comm_core::door::connect_pairwise(
             ctx,
             peers,

@@ -107,10 +107,9 @@ pub fn automatic_chunk(caches: &[Option<usize>]) -> usize {
         return DEFAULT_CHUNK_BYTES;
     };
     let fit = llc / 8 / (2 * caches.len().max(1));
-    match fit.checked_ilog2() {
-        Some(log) => (1usize << log).clamp(64 << 10, DEFAULT_CHUNK_BYTES),
-        None => 64 << 10,
-    }
+    fit.checked_ilog2()
+        .map_or(0, |log| 1 << log)
+        .clamp(64 << 10, DEFAULT_CHUNK_BYTES)
 }
 
 impl Default for Config {
@@ -246,6 +245,13 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Bytes per pipelined chunk: `chunk_bytes`, or [`DEFAULT_CHUNK_BYTES`]
+    /// while it is unset (a communicator's config holds the agreed value
+    /// from its links on; a transport's `listen` runs before that).
+    pub fn chunk(&self) -> usize {
+        self.chunk_bytes.unwrap_or(DEFAULT_CHUNK_BYTES)
     }
 
     /// The settings every rank of a communicator must share, as
