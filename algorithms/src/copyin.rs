@@ -1,6 +1,6 @@
-//! Copy-in all-reduce (and all-to-all, at the end): plain buffers at the
-//! speed of direct access, for ranks that map each other's executor-owned
-//! shared memory ([`SHARED`]: one host).
+//! Copy-in all-reduce (and all-gather, broadcast and all-to-all, at the
+//! end): plain buffers at the speed of direct access, for ranks that map
+//! each other's executor-owned shared memory ([`SHARED`]: one host).
 //!
 //! Peers cannot read a plain buffer, so each rank copies its input, one
 //! piece at a time, into its shared memory (all but its own segment of the
@@ -174,8 +174,133 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, shared: usize) -> Schedul
     s
 }
 
-/// Plain all-reduce and all-to-all through shared memory (see the module
-/// documentation).
+/// All-gather through `shared` elements of shared memory: each piece of
+/// this rank's input goes once into its shared memory, and the own output
+/// segment is written from it while it is cached (a ring reads the input
+/// twice out of place: for the own segment and into the ring); one `Sync`,
+/// then every rank copies the piece out of each peer's shared memory,
+/// while it stages the next piece into the other half (the all-reduce's
+/// two buffers, for the same reason: what a phase writes into one half,
+/// the peers finished reading before the previous `Sync`).
+pub fn all_gather(rank: usize, n: usize, count: usize, in_place: bool, shared: usize) -> Schedule {
+    if n == 1 {
+        return Schedule::copy_all(count);
+    }
+    let mut s = Schedule::default();
+    if count == 0 {
+        return s;
+    }
+    let piece = (shared / 2).max(1).min(count);
+    s.shared = 2 * piece;
+    let pieces: Vec<(usize, usize)> = chunks(0, count, piece).collect();
+    let slot = |j: usize, len: usize| Span::new(SHARED, (j % 2) * piece, len);
+    let mut sync: Option<u32> = None;
+    for k in 0..=pieces.len() {
+        let after: Vec<u32> = sync.into_iter().collect();
+        let mut done = Vec::new();
+        if let Some(&(off, len)) = pieces.get(k) {
+            let staged = s.push(
+                Action::Copy {
+                    src: Span::new(INPUT, off, len),
+                    dst: slot(k, len),
+                },
+                &after,
+            );
+            done.push(staged);
+            // In place the input is the own output segment already.
+            if !in_place {
+                let own = Action::Copy {
+                    src: slot(k, len),
+                    dst: Span::new(OUTPUT, rank * count + off, len),
+                };
+                done.push(s.push(own, &[staged]));
+            }
+        }
+        if let Some(j) = k.checked_sub(1) {
+            let (off, len) = pieces[j];
+            for q in (0..n).filter(|q| *q != rank) {
+                let action = Action::CopyFrom {
+                    peer: q,
+                    src: slot(j, len),
+                    dst: Span::new(OUTPUT, q * count + off, len),
+                };
+                done.push(s.push(action, &after));
+            }
+        }
+        sync = Some(s.push(Action::Sync, &done));
+    }
+    s
+}
+
+/// Broadcast through `shared` elements of shared memory: the root stages
+/// each piece once (and, out of place, writes its own output from it while
+/// it is cached); one `Sync`, then every other rank copies the piece out
+/// of the root's shared memory while the root stages the next into the
+/// other half. Each rank's output is written once and the input read
+/// once, where a chain or ring passes every byte through each rank on the
+/// way.
+pub fn broadcast(
+    rank: usize,
+    n: usize,
+    count: usize,
+    root: usize,
+    in_place: bool,
+    shared: usize,
+) -> Schedule {
+    if n == 1 {
+        return Schedule::copy_all(count);
+    }
+    let mut s = Schedule::default();
+    if count == 0 {
+        return s;
+    }
+    let piece = (shared / 2).max(1).min(count);
+    s.shared = 2 * piece;
+    let pieces: Vec<(usize, usize)> = chunks(0, count, piece).collect();
+    let slot = |j: usize, len: usize| Span::new(SHARED, (j % 2) * piece, len);
+    let mut sync: Option<u32> = None;
+    for k in 0..=pieces.len() {
+        let after: Vec<u32> = sync.into_iter().collect();
+        let mut done = Vec::new();
+        match rank == root {
+            true => {
+                if let Some(&(off, len)) = pieces.get(k) {
+                    let staged = s.push(
+                        Action::Copy {
+                            src: Span::new(INPUT, off, len),
+                            dst: slot(k, len),
+                        },
+                        &after,
+                    );
+                    done.push(staged);
+                    if !in_place {
+                        let own = Action::Copy {
+                            src: slot(k, len),
+                            dst: Span::new(OUTPUT, off, len),
+                        };
+                        done.push(s.push(own, &[staged]));
+                    }
+                }
+            }
+            false => {
+                if let Some(j) = k.checked_sub(1) {
+                    let (off, len) = pieces[j];
+                    let action = Action::CopyFrom {
+                        peer: root,
+                        src: slot(j, len),
+                        dst: Span::new(OUTPUT, off, len),
+                    };
+                    done.push(s.push(action, &after));
+                }
+            }
+        }
+        sync = Some(s.push(Action::Sync, &done));
+    }
+    s
+}
+
+/// Plain all-reduce, all-gather, broadcast and all-to-all through shared
+/// memory (see the module documentation).
 pub struct CopyIn;
 
 impl Algorithm for CopyIn {
@@ -186,8 +311,10 @@ impl Algorithm for CopyIn {
     fn supports(&self, spec: &CollSpec) -> bool {
         spec.direct.is_none()
             && match spec.kind {
-                Kind::AllReduce => spec.shared >= 2 * spec.nranks,
-                Kind::AllToAll => spec.shared >= 2 * spec.nranks,
+                // A slot per rank in each of two buffers.
+                Kind::AllReduce | Kind::AllToAll => spec.shared >= 2 * spec.nranks,
+                // Two buffers of this rank's own pieces.
+                Kind::AllGather | Kind::Broadcast => spec.shared >= 2,
                 _ => false,
             }
     }
@@ -199,11 +326,25 @@ impl Algorithm for CopyIn {
         // of / in place against 9.99 / 8.88); on 4 copy-in wins (1 MiB:
         // 4.28 / 6.04 against 2.51 / 2.52; 256 MiB: 2.77 / 4.12 against
         // 2.78 / 1.98). Medians of 3-5 alternating runs.
+        //
+        // An all-gather's count is per rank too; the ring's extra read of
+        // the input costs once the buffers outgrow the cache. Copy-in
+        // against ring (8 MiB cache, new / old time, medians of 3, out of
+        // / in place, by output size): 2 ranks 1.59 / 1.22 at 2 MiB, 0.48
+        // / 0.60 at 4 MiB, 0.63-0.67 / 0.66-0.74 from 8 to 128 MiB; 4
+        // ranks 0.93 / 1.00 at 2 MiB, 0.44-0.55 / 0.42-0.62 from 4 MiB.
+        //
+        // A broadcast's root stages once and every other rank copies out
+        // once, where a chain passes each byte through every rank: 4 ranks
+        // 0.91 / 0.84 at 1 MiB, 0.44-0.60 from 4 MiB. On 2 ranks the chain
+        // is that one hand-off already, pipelined in smaller chunks (copy-in
+        // 1.09-1.84 up to 8 MiB, 0.87-1.01 above).
+        let n = spec.nranks;
         match spec.kind {
-            Kind::AllToAll => {
-                spec.nranks > 2 && spec.bytes().saturating_mul(spec.nranks) >= tuning.copyin_bytes
-            }
-            _ => spec.nranks > 1 && spec.bytes() >= tuning.copyin_bytes,
+            Kind::AllToAll => n > 2 && spec.bytes().saturating_mul(n) >= tuning.copyin_bytes,
+            Kind::AllGather => n > 1 && spec.bytes().saturating_mul(n) >= 4 * tuning.copyin_bytes,
+            Kind::Broadcast => n > 2 && spec.bytes() >= tuning.copyin_bytes,
+            _ => n > 1 && spec.bytes() >= tuning.copyin_bytes,
         }
     }
 
@@ -212,6 +353,8 @@ impl Algorithm for CopyIn {
         match spec.kind {
             Kind::AllToAll if n == 1 => Schedule::copy_all(c),
             Kind::AllToAll => all_to_all(r, n, c, spec.shared),
+            Kind::AllGather => all_gather(r, n, c, spec.in_place, spec.shared),
+            Kind::Broadcast => broadcast(r, n, c, spec.root, spec.in_place, spec.shared),
             _ => all_reduce(r, n, c, spec.avg, spec.shared),
         }
     }

@@ -1028,6 +1028,95 @@ fn large_plain_all_to_alls_on_one_host_copy_in_through_shared_memory() {
     }
 }
 
+#[test]
+fn large_plain_all_gathers_and_broadcasts_on_one_host_copy_in_through_shared_memory() {
+    // 3 ranks, 8 MiB of shared memory (pieces of 349 525 f32 per rank):
+    // counts of several pieces, of one piece and a little, and not a
+    // multiple of one; in and out of place; broadcasts from every root
+    // (non-roots pass no input), back to back so each call reuses the
+    // shared memory the last one's readers left. The smallest calls keep
+    // the rings (an all_gather below 4 MiB of output, a broadcast below 1
+    // MiB), and 2-rank broadcasts keep the chain.
+    let cfg = Config {
+        copyin_memory: Some(8 << 20),
+        ..test_config()
+    };
+    let value = |r: usize, i: usize| (r * 10_000_000 + i % 1_000_003) as f32;
+    let n = 3;
+    let took = with_ranks(n, cfg.clone(), move |c| {
+        let r = c.rank();
+        let mut took = Vec::new();
+        for (count, in_place) in [
+            (1_000_003usize, false),
+            (700_001, true),
+            (349_526, false),
+            (300_000, true),
+            (100_000, false),
+        ] {
+            let mine: Vec<f32> = (0..count).map(|i| value(r, i)).collect();
+            let mut out = vec![f32::NAN; n * count];
+            match in_place {
+                true => {
+                    out[r * count..(r + 1) * count].copy_from_slice(&mine);
+                    c.all_gather_in_place(&mut out).unwrap();
+                }
+                false => c.all_gather(&mine, &mut out).unwrap(),
+            }
+            for (i, v) in out.iter().enumerate() {
+                let want = value(i / count, i % count);
+                assert_eq!(*v, want, "all_gather count {count} element {i} on rank {r}");
+            }
+            took.push(("all_gather", count, c.last_algorithm()));
+        }
+        for (count, in_place, root) in [
+            (1_000_003usize, false, 0),
+            (700_001, true, 2),
+            (349_526, false, 1),
+            (200_000, true, 1),
+        ] {
+            let theirs: Vec<f32> = (0..count).map(|i| value(root, i)).collect();
+            let out = match in_place {
+                true => {
+                    let mut b = match r == root {
+                        true => theirs.clone(),
+                        false => vec![f32::NAN; count],
+                    };
+                    c.broadcast_in_place(&mut b, root).unwrap();
+                    b
+                }
+                false => {
+                    let mut b = vec![f32::NAN; count];
+                    let send: &[f32] = if r == root { &theirs } else { &[] };
+                    c.broadcast(send, &mut b, root).unwrap();
+                    b
+                }
+            };
+            assert!(
+                out == theirs,
+                "broadcast count {count} from {root} on rank {r}"
+            );
+            took.push(("broadcast", count, c.last_algorithm()));
+        }
+        took
+    });
+    for t in took {
+        for (kind, count, alg) in t {
+            let big = match kind {
+                "all_gather" => n * count * 4 >= 4 << 20,
+                _ => count * 4 >= 1 << 20,
+            };
+            assert_eq!(alg == Some("copyin"), big, "{kind} of {count}: {alg:?}");
+        }
+    }
+    let took = with_ranks(2, cfg, |c| {
+        let mut b = vec![c.rank() as f32; 1 << 20];
+        c.broadcast_in_place(&mut b, 1).unwrap();
+        assert!(b.iter().all(|v| *v == 1.0));
+        c.last_algorithm()
+    });
+    assert!(took.iter().all(|a| *a != Some("copyin")), "{took:?}");
+}
+
 /// The CPUs this thread may run on.
 fn allowed_cpus() -> Vec<usize> {
     // SAFETY: a zeroed cpu_set_t is valid; the kernel fills it.
