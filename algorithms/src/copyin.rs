@@ -183,61 +183,14 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, shared: usize) -> Schedul
 /// two buffers, for the same reason: what a phase writes into one half,
 /// the peers finished reading before the previous `Sync`).
 pub fn all_gather(rank: usize, n: usize, count: usize, in_place: bool, shared: usize) -> Schedule {
-    if n == 1 {
-        return Schedule::copy_all(count);
-    }
-    let mut s = Schedule::default();
-    if count == 0 {
-        return s;
-    }
-    let piece = (shared / 2).max(1).min(count);
-    s.shared = 2 * piece;
-    let pieces: Vec<(usize, usize)> = chunks(0, count, piece).collect();
-    let slot = |j: usize, len: usize| Span::new(SHARED, (j % 2) * piece, len);
-    let mut sync: Option<u32> = None;
-    for k in 0..=pieces.len() {
-        let after: Vec<u32> = sync.into_iter().collect();
-        let mut done = Vec::new();
-        if let Some(&(off, len)) = pieces.get(k) {
-            let staged = s.push(
-                Action::Copy {
-                    src: Span::new(INPUT, off, len),
-                    dst: slot(k, len),
-                },
-                &after,
-            );
-            done.push(staged);
-            // In place the input is the own output segment already.
-            if !in_place {
-                let own = Action::Copy {
-                    src: slot(k, len),
-                    dst: Span::new(OUTPUT, rank * count + off, len),
-                };
-                done.push(s.push(own, &[staged]));
-            }
-        }
-        if let Some(j) = k.checked_sub(1) {
-            let (off, len) = pieces[j];
-            for q in (0..n).filter(|q| *q != rank) {
-                let action = Action::CopyFrom {
-                    peer: q,
-                    src: slot(j, len),
-                    dst: Span::new(OUTPUT, q * count + off, len),
-                };
-                done.push(s.push(action, &after));
-            }
-        }
-        sync = Some(s.push(Action::Sync, &done));
-    }
-    s
+    let sources: Vec<usize> = (0..n).collect();
+    fan_out(rank, n, count, in_place, shared, &sources, |q| q * count)
 }
 
-/// Broadcast through `shared` elements of shared memory: the root stages
-/// each piece once (and, out of place, writes its own output from it while
-/// it is cached); one `Sync`, then every other rank copies the piece out
-/// of the root's shared memory while the root stages the next into the
-/// other half. Each rank's output is written once and the input read
-/// once, where a chain or ring passes every byte through each rank on the
+/// Broadcast through `shared` elements of shared memory: the all-gather's
+/// schedule with the root the only rank staging, every rank's output at
+/// the start of its buffer. Each output is written once and the input
+/// read once, where a chain passes every byte through each rank on the
 /// way.
 pub fn broadcast(
     rank: usize,
@@ -246,6 +199,22 @@ pub fn broadcast(
     root: usize,
     in_place: bool,
     shared: usize,
+) -> Schedule {
+    fan_out(rank, n, count, in_place, shared, &[root], |_| 0)
+}
+
+/// Every rank of `sources` stages its input a piece at a time (writing its
+/// own output, at `at(itself)`, from the staged piece unless in place);
+/// after each piece's `Sync` every rank copies the piece out of each other
+/// source into its output at `at(source)`.
+fn fan_out(
+    rank: usize,
+    n: usize,
+    count: usize,
+    in_place: bool,
+    shared: usize,
+    sources: &[usize],
+    at: impl Fn(usize) -> usize,
 ) -> Schedule {
     if n == 1 {
         return Schedule::copy_all(count);
@@ -258,40 +227,38 @@ pub fn broadcast(
     s.shared = 2 * piece;
     let pieces: Vec<(usize, usize)> = chunks(0, count, piece).collect();
     let slot = |j: usize, len: usize| Span::new(SHARED, (j % 2) * piece, len);
+    let stages = sources.contains(&rank);
     let mut sync: Option<u32> = None;
     for k in 0..=pieces.len() {
         let after: Vec<u32> = sync.into_iter().collect();
         let mut done = Vec::new();
-        match rank == root {
-            true => {
-                if let Some(&(off, len)) = pieces.get(k) {
-                    let staged = s.push(
-                        Action::Copy {
-                            src: Span::new(INPUT, off, len),
-                            dst: slot(k, len),
-                        },
-                        &after,
-                    );
-                    done.push(staged);
-                    if !in_place {
-                        let own = Action::Copy {
-                            src: slot(k, len),
-                            dst: Span::new(OUTPUT, off, len),
-                        };
-                        done.push(s.push(own, &[staged]));
-                    }
-                }
+        if let Some(&(off, len)) = pieces.get(k).filter(|_| stages) {
+            let staged = s.push(
+                Action::Copy {
+                    src: Span::new(INPUT, off, len),
+                    dst: slot(k, len),
+                },
+                &after,
+            );
+            done.push(staged);
+            // In place the input is the own output segment already.
+            if !in_place {
+                let own = Action::Copy {
+                    src: slot(k, len),
+                    dst: Span::new(OUTPUT, at(rank) + off, len),
+                };
+                done.push(s.push(own, &[staged]));
             }
-            false => {
-                if let Some(j) = k.checked_sub(1) {
-                    let (off, len) = pieces[j];
-                    let action = Action::CopyFrom {
-                        peer: root,
-                        src: slot(j, len),
-                        dst: Span::new(OUTPUT, off, len),
-                    };
-                    done.push(s.push(action, &after));
-                }
+        }
+        if let Some(j) = k.checked_sub(1) {
+            let (off, len) = pieces[j];
+            for &q in sources.iter().filter(|q| **q != rank) {
+                let action = Action::CopyFrom {
+                    peer: q,
+                    src: slot(j, len),
+                    dst: Span::new(OUTPUT, at(q) + off, len),
+                };
+                done.push(s.push(action, &after));
             }
         }
         sync = Some(s.push(Action::Sync, &done));
