@@ -297,10 +297,10 @@ fn execute_with(
     // memory (shared, scratch) into the output is final; an output that
     // would not stay cached is better streamed past the cache (without
     // reading each line for ownership first).
-    // Mapped access puts every rank on this host.
     let stream_out = cx.direct.as_ref().is_some_and(|d| {
         let host_cache = || cx.peers.iter().filter_map(|p| p.llc).min();
         match (bufs.get(INPUT as usize), bufs.get(OUTPUT as usize)) {
+            // Mapped access (flag pages) puts every rank on this host.
             (Some(i), Some(o)) => {
                 o.len >= kernels::copy::STREAM_MIN
                     || (d.flags.is_some() && outgrows_cache(i, o, cx.nranks, host_cache()))
@@ -958,7 +958,6 @@ fn execute_with(
     }
 }
 
-/// The call's direct-access context; a direct step without one is a bug.
 /// Whether the buffers of a call's `nranks` ranks, which share one host
 /// and its last-level cache (the least `cache` any of them reported),
 /// together outgrow it: the next call then finds none of the output
@@ -979,6 +978,7 @@ fn outgrows_cache(input: &Region, output: &Region, nranks: usize, cache: Option<
     (output.len + distinct).saturating_mul(nranks) >= cache
 }
 
+/// The call's direct-access context; a direct step without one is a bug.
 fn direct_ctx<'a, 'b>(cx: &'b CallCtx<'a>) -> Result<&'b DirectCtx<'a>> {
     cx.direct.as_ref().ok_or_else(|| {
         Error::Protocol(format!(
