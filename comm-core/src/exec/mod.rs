@@ -969,13 +969,16 @@ fn outgrows_cache(input: &Region, output: &Region, nranks: usize, cache: Option<
     let Some(cache) = cache else {
         return false;
     };
-    // In place the input lies in the output: its bytes count once.
+    // In place one buffer lies in the other (an all_gather's input in its
+    // output, a reduce_scatter's output in its input): count what they
+    // span together once.
     let (i, o) = (input.ptr() as usize, output.ptr() as usize);
-    let distinct = match i >= o && i + input.len <= o + output.len {
-        true => 0,
-        false => input.len,
+    let (i_end, o_end) = (i + input.len, o + output.len);
+    let bytes = match i < o_end && o < i_end {
+        true => i_end.max(o_end) - i.min(o),
+        false => input.len + output.len,
     };
-    (output.len + distinct).saturating_mul(nranks) >= cache
+    bytes.saturating_mul(nranks) >= cache
 }
 
 /// The call's direct-access context; a direct step without one is a bug.
@@ -1250,10 +1253,13 @@ mod tests {
         assert!(!outgrows_cache(&i, &o, 3, Some(8 << 20)));
         assert!(!outgrows_cache(&i, &o, 4, None));
         // In place (the input a segment of the output, as an all_gather's,
-        // or all of it): the input's bytes count once.
+        // or all of it): the bytes count once.
         let seg = o.sub(256 << 10, 256 << 10);
         assert!(!outgrows_cache(&seg, &o, 4, Some(8 << 20)));
         assert!(!outgrows_cache(&o, &o, 4, Some(8 << 20)));
         assert!(outgrows_cache(&o, &o, 8, Some(8 << 20)));
+        // A reduce_scatter's output in its input: 1 MiB a rank, not 1.25.
+        assert!(!outgrows_cache(&o, &seg, 7, Some(8 << 20)));
+        assert!(outgrows_cache(&o, &seg, 8, Some(8 << 20)));
     }
 }
