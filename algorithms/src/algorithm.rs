@@ -27,6 +27,7 @@ pub trait Algorithm: Sync {
 pub static REGISTRY: &[&dyn Algorithm] = &[
     &crate::direct::Direct,
     &crate::oneshot::OneShot,
+    &crate::single_copy::SingleCopy,
     &crate::copyin::CopyIn,
     &crate::hier::Hier,
     &crate::ring::Ring,

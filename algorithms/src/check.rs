@@ -759,12 +759,41 @@ pub fn check_algorithm(alg: &dyn Algorithm, spec: &CollSpec) -> Result<(), Strin
     check_schedules(spec, &scheds).map_err(|e| format!("{} on {spec:?}: {e}", alg.name()))
 }
 
+/// What a rank may touch of its peers' memory: anything with direct access
+/// (registered buffers); without it, only their shared memory, and their
+/// plain input and output to read where `plain_reads` allows (the kernel
+/// copies from them: no reduction from them, nothing written into them).
+fn reach(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), String> {
+    if spec.direct.is_some() {
+        return Ok(());
+    }
+    let readable = |b: BufId| b == SHARED || (spec.plain_reads && (b == INPUT || b == OUTPUT));
+    for (r, sched) in scheds.iter().enumerate() {
+        for (i, st) in sched.steps.iter().enumerate() {
+            let ok = match st.action {
+                Action::CopyFrom { src, .. } => readable(src.buf),
+                Action::ReduceFrom { src, .. } => src.buf == SHARED,
+                Action::ReduceToAll { dst, .. } | Action::CopyTo { dst, .. } => dst.buf == SHARED,
+                _ => true,
+            };
+            if !ok {
+                return Err(format!(
+                    "rank {r} step {i} ({:?}) reaches a peer's memory it cannot reach (direct access: none, plain reads: {})",
+                    st.action, spec.plain_reads
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Check the schedules of every rank for the call `spec` describes.
 pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), String> {
     let n = spec.nranks;
     let setups: Vec<Setup> = (0..n)
         .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, &scheds[rank]))
         .collect();
+    reach(spec, scheds)?;
     let runs = simulate_runs(scheds, &setups, spec.kind == Kind::Barrier)?;
     order::check(scheds, &setups, &runs)?;
     let count = spec.count;
@@ -900,7 +929,8 @@ pub fn layouts(n: usize) -> Vec<Option<Layout>> {
 /// Every spec the registry tests cover for `kind` on `n` ranks: counts
 /// around the rank count, tiny and odd chunks, both reductions, in and out
 /// of place, three roots, with and without direct access, every layout,
-/// shared memory of none, one-element and four-element pieces.
+/// shared memory of none, one-element and four-element pieces, plain
+/// buffers peers can read or not.
 pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
     let counts: &[usize] = match kind {
         Kind::Barrier => &[0],
@@ -915,14 +945,18 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
                 for in_place in [false, true] {
                     for &root in &roots {
                         for direct in [None, Some(Access::Mapped), Some(Access::OneSided)] {
-                            // Shared memory only matters without direct access.
-                            let shared: &[usize] = match direct {
-                                None => &[0, 3, 8],
-                                Some(_) => &[0],
+                            // Shared memory and reads of plain buffers only
+                            // matter without direct access.
+                            let (shared, plain): (&[usize], &[bool]) = match direct {
+                                None => (&[0, 3, 8], &[false, true]),
+                                Some(_) => (&[0], &[false]),
                             };
-                            for (layout, &shared) in layouts(n)
-                                .into_iter()
-                                .flat_map(|l| shared.iter().map(move |s| (l, s)))
+                            for (layout, &shared, &plain_reads) in
+                                layouts(n).into_iter().flat_map(|l| {
+                                    shared
+                                        .iter()
+                                        .flat_map(move |s| plain.iter().map(move |p| (l, s, p)))
+                                })
                             {
                                 v.push(CollSpec {
                                     kind,
@@ -937,6 +971,7 @@ pub fn specs(kind: Kind, n: usize) -> Vec<CollSpec> {
                                     direct,
                                     layout,
                                     shared,
+                                    plain_reads,
                                 });
                             }
                         }
@@ -970,6 +1005,14 @@ pub fn cases(alg: &dyn Algorithm, kind: Kind, n: usize) -> Vec<CollSpec> {
             }
             if s.shared > 0 && alg.supports(&CollSpec { shared: 0, ..s }) {
                 s.shared = 0;
+            }
+            if s.plain_reads
+                && alg.supports(&CollSpec {
+                    plain_reads: false,
+                    ..s
+                })
+            {
+                s.plain_reads = false;
             }
             s
         })

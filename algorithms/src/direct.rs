@@ -283,7 +283,9 @@ pub fn all_to_all(rank: usize, n: usize, count: usize, in_place: bool) -> Schedu
             &[ready],
         ));
     }
-    for k in (0..n).filter(|k| *k != rank) {
+    // Each rank starts with the next one's block: no two read the same
+    // peer at once (the kernel's copy pins the pages it reads).
+    for k in (1..n).map(|d| (rank + d) % n) {
         deps.push(s.push(
             Action::CopyFrom {
                 peer: k,

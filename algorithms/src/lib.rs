@@ -28,6 +28,7 @@ pub mod pairwise;
 pub mod ring;
 pub mod scatter;
 pub mod schedule;
+pub mod single_copy;
 pub mod spec;
 pub mod staged;
 pub mod tree;

@@ -88,6 +88,12 @@ pub struct CollSpec {
     /// Elements of shared memory ([`crate::SHARED`]) each rank has and
     /// every peer maps (ranks of one host); 0 when there is none.
     pub shared: usize,
+    /// Every rank can copy from every other rank's plain (unregistered)
+    /// buffers of this call: ranks of one host whose kernel lets them read
+    /// each other's memory (cross-memory attach). Such a copy is a
+    /// `CopyFrom` of a peer's `INPUT` or `OUTPUT` between `Sync`s, as on
+    /// mapped memory, but only reads: no `ReduceFrom`, no `CopyTo`.
+    pub plain_reads: bool,
 }
 
 /// Ranks spread evenly over hosts: `per_host` on each, in blocks (rank `r`
@@ -180,6 +186,7 @@ impl CollSpec {
             direct: None,
             layout: None,
             shared: 0,
+            plain_reads: false,
         }
     }
 

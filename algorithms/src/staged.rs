@@ -216,6 +216,7 @@ mod tests {
             direct: None,
             layout: None,
             shared: 0,
+            plain_reads: false,
         };
         let plain = crate::ring::Ring.build(&spec);
         let s = staged(&plain);

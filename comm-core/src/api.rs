@@ -154,10 +154,14 @@ pub(crate) fn run_coll(
         direct.is_none() && (inner.config.stage_always || passed().any(|r| !r.space.is_host()));
     // Plain host buffers of ranks that map each other's shared memory may
     // run copy-in schedules.
-    let shared = match st.staging.is_some() && direct.is_none() && !staged {
+    let mapped = st.staging.is_some() && direct.is_none() && !staged;
+    let shared = match mapped {
         true => crate::executor::shared_bytes(inner.nranks, st.copyin_memory) / c.dtype.size(),
         false => 0,
     };
+    // And may copy from each other's (host memory, where the kernel lets
+    // them).
+    let plain_reads = mapped && st.plain_reads.is_some();
     let spec = CollSpec {
         kind: c.kind,
         rank: inner.rank,
@@ -171,6 +175,7 @@ pub(crate) fn run_coll(
         direct,
         layout: inner.layout,
         shared,
+        plain_reads,
     };
     let plan = st.schedule(&spec, staged, inner.config.algo.as_deref(), &inner.tuning())?;
     inner.last_algorithm.store(

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::control::failure;
 use crate::control::notice::Notice;
 use crate::error::{Error, Result};
-use crate::executor::{self, CallCtx, DirectCtx, Net, SyncFlags};
+use crate::executor::{self, CallCtx, DirectCtx, Net, PlainReads, SyncFlags};
 use crate::handshake::Secret;
 use crate::id::UniqueId;
 use crate::lane::Lane;
@@ -131,6 +131,10 @@ pub(crate) struct State {
     /// Bytes of that memory, over all ranks, that copy-in schedules use:
     /// agreed when it was mapped (every rank builds the same schedule).
     pub(crate) copyin_memory: usize,
+    /// Every rank's process id, when ranks copy from each other's plain
+    /// buffers through the kernel (cross-memory attach): agreed when the
+    /// host pages were mapped.
+    pub(crate) plain_reads: Option<Vec<u32>>,
     /// Every rank's small page, when all ranks share this host
     /// ([`executor::small`]).
     pub(crate) small: Option<executor::small::SmallPages>,
@@ -212,10 +216,17 @@ impl State {
                 true => algorithms::staged(&alg.build(spec)),
                 false => alg.build(spec),
             };
+            // Plain buffers peers read: the same.
+            let plain_reads = spec.plain_reads
+                && !alg.supports(&CollSpec {
+                    plain_reads: false,
+                    ..*spec
+                });
             let planned = Planned {
                 index,
-                // Shared memory is reached, and phased, as direct steps are.
-                direct: direct || sched.shared > 0,
+                // Shared memory and peers' plain buffers are reached, and
+                // phased, as direct steps are.
+                direct: direct || sched.shared > 0 || plain_reads,
                 sched: Arc::new(sched),
             };
             self.schedules.push((key, planned));
@@ -585,6 +596,7 @@ impl Communicator {
                     flags: None,
                     staging: None,
                     copyin_memory: 0,
+                    plain_reads: None,
                     small: None,
                     shared_allocs: 0,
                     shared: Vec::new(),
@@ -691,6 +703,13 @@ impl Communicator {
             .copyin_memory
             .unwrap_or_else(|| executor::copyin_memory(crate::sys::last_level_cache()));
         rec.extend_from_slice(&(copyin as u64).to_le_bytes());
+        // Where peers may probe cross-memory reads: this rank's flag page
+        // in its own process (0: it does not want its buffers read).
+        let probe_at = match self.inner.config.cross_memory {
+            true => own[1].region().addr as u64,
+            false => 0,
+        };
+        rec.extend_from_slice(&probe_at.to_le_bytes());
         let mut all = vec![0u8; PAGES_RECORD * n];
         self.all_gather(&rec, &mut all)?;
         let mut peers: Vec<Vec<Option<Box<dyn crate::transport::Mapped>>>> = sizes
@@ -701,7 +720,8 @@ impl Communicator {
         let copyin = all
             .chunks_exact(PAGES_RECORD)
             .map(|rec| {
-                let b = u64::from_le_bytes(rec[PAGES_RECORD - 8..].try_into().expect("8 bytes"));
+                let b =
+                    u64::from_le_bytes(rec[PAGES_RECORD - 16..][..8].try_into().expect("8 bytes"));
                 usize::try_from(b).unwrap_or(usize::MAX)
             })
             .fold(copyin, usize::min)
@@ -720,8 +740,31 @@ impl Communicator {
                 };
             }
         }
-        // Nobody may close its fds before every peer has opened them.
-        self.barrier()?;
+        // Cross-memory reads: this rank can make them if it wants to and
+        // reads 8 bytes of every peer's flag page (same user, and Yama's
+        // ptrace_scope or a container's seccomp filter allowing it; the
+        // library never widens who may read this process). Every
+        // rank must agree (the schedules differ), so the verdicts are
+        // gathered: this exchange is also the barrier that keeps anyone
+        // from closing its fds before every peer has opened them.
+        let reads_ok = probe_at != 0
+            && (0..n).filter(|k| *k != me).all(|k| {
+                let rec = &all[k * PAGES_RECORD..(k + 1) * PAGES_RECORD];
+                let at = u64::from_le_bytes(rec[PAGES_RECORD - 8..].try_into().expect("8 bytes"));
+                let mut word = [0u8; 8];
+                // SAFETY: `word` is 8 writable bytes of this frame.
+                at != 0
+                    && unsafe {
+                        crate::sys::read_process(self.inner.peers[k].pid, at, word.as_mut_ptr(), 8)
+                    }
+                    .is_ok()
+            });
+        let mut verdicts = vec![0u8; n];
+        self.all_gather(&[u8::from(reads_ok)], &mut verdicts)?;
+        let plain_reads = verdicts
+            .iter()
+            .all(|v| *v == 1)
+            .then(|| self.inner.peers.iter().map(|p| p.pid).collect());
         let (shared_own, flag_own, small_own) = (own.pop(), own.pop(), own.pop());
         let (shared_peers, flag_peers, small_peers) = (peers.pop(), peers.pop(), peers.pop());
         let shared = SharedMaps {
@@ -749,6 +792,7 @@ impl Communicator {
             ));
             st.staging = Some(shared);
             st.copyin_memory = copyin;
+            st.plain_reads = plain_reads;
             st.seq = 0;
             inner_flight.forget();
             Ok(())
@@ -1135,9 +1179,10 @@ const ID_RECORD: usize = 128;
 /// Bytes of one handle in the host-page exchange: its length and bytes.
 const HANDLE_RECORD: usize = 1 + crate::mem::shared::HANDLE_MAX;
 
-/// Bytes per rank in the host-page exchange: three handles, then the
-/// copy-in memory the rank would choose (u64, little-endian).
-const PAGES_RECORD: usize = 3 * HANDLE_RECORD + 8;
+/// Bytes per rank in the host-page exchange: three handles, the copy-in
+/// memory the rank would choose, and the address peers probe cross-memory
+/// reads with (u64s, little-endian).
+const PAGES_RECORD: usize = 3 * HANDLE_RECORD + 16;
 
 /// `last_algorithm`'s value for the small-message path (not a schedule).
 pub(crate) const SMALL_PATH: usize = usize::MAX;
@@ -1440,6 +1485,12 @@ impl Inner {
                 maps,
                 shared: st.staging.as_ref(),
                 small: st.small.as_ref(),
+                // Plain buffers (the registered ones resolve through their
+                // maps first).
+                plain: st.plain_reads.as_deref().map(|pids| PlainReads {
+                    pids,
+                    bufs: [bufs.first(), bufs.get(1)].map(|b| b.copied().unwrap_or(Region::EMPTY)),
+                }),
             })
         } else {
             None

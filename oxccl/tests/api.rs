@@ -983,19 +983,24 @@ fn ranks_asking_for_different_copy_in_memory_stage_through_the_least() {
 }
 
 #[test]
-fn large_plain_all_to_alls_on_one_host_copy_in_through_shared_memory() {
-    // 3 and 4 ranks (2 keep the pairwise exchange), in and out of place,
-    // blocks of several pieces (4 ranks: 2 MiB of shared memory per rank,
-    // 65536 f32 per block per piece) and one not a multiple of a piece.
-    let cfg = Config {
-        copyin_memory: Some(8 << 20),
-        ..test_config()
-    };
-    for n in [2, 3, 4] {
+fn large_plain_all_to_alls_on_one_host_copy_once_by_the_kernel_or_in_through_shared_memory() {
+    // 3 and 4 ranks, in and out of place, blocks of several pieces (4
+    // ranks: 2 MiB of shared memory per rank, 65536 f32 per block per
+    // piece) and one not a multiple of a piece. Out of place from 1 MiB a
+    // rank the kernel copies each block once from its owner's input
+    // (cross-memory attach), unless `OXCCL_CMA=off`; in place, and with it
+    // off, the blocks go through shared memory. 2 ranks keep the pairwise
+    // exchange but for the single copy out of place from 2 MiB.
+    for (n, cross_memory) in [(2, true), (2, false), (3, true), (4, true), (4, false)] {
+        let cfg = Config {
+            copyin_memory: Some(8 << 20),
+            cross_memory,
+            ..test_config()
+        };
         let took = with_ranks(n, cfg.clone(), move |c| {
             let r = c.rank();
             let mut took = Vec::new();
-            for (count, in_place) in [(100_003usize, false), (200_000, true), (90_001, false)] {
+            for (count, in_place) in [(270_001usize, false), (200_000, true), (90_001, false)] {
                 let input: Vec<f32> = (0..n * count).map(|i| (r * 1_000_000 + i) as f32).collect();
                 let out = if in_place {
                     let mut b = input.clone();
@@ -1021,9 +1026,14 @@ fn large_plain_all_to_alls_on_one_host_copy_in_through_shared_memory() {
             }
             took
         });
-        let want = if n > 2 { "copyin" } else { "pairwise" };
+        let want = match (n > 2, cross_memory) {
+            (true, true) => ["singlecopy", "copyin", "singlecopy"],
+            (true, false) => ["copyin"; 3],
+            (false, true) => ["singlecopy", "pairwise", "pairwise"],
+            (false, false) => ["pairwise"; 3],
+        };
         for t in took {
-            assert!(t.iter().all(|a| *a == Some(want)), "n {n}: {t:?}");
+            assert_eq!(t, want.map(Some), "n {n}, cross-memory {cross_memory}");
         }
     }
 }
@@ -1213,4 +1223,35 @@ fn the_chunk_is_agreed_at_init_from_the_cache_unless_configured() {
         ..test_config()
     };
     assert_eq!(chunks(4, &cfg), vec![Some(DEFAULT_CHUNK_BYTES); 4]);
+}
+
+#[test]
+fn the_single_copy_needs_every_rank_to_agree() {
+    // One rank opting out (`OXCCL_CMA=off`) keeps all of them on the
+    // copies through shared memory: the schedules must match.
+    for odd in [0, 2] {
+        let took = with_rank_configs(
+            3,
+            |r| Config {
+                cross_memory: r != odd,
+                ..test_config()
+            },
+            |c| {
+                let count = 100_000;
+                let input: Vec<f32> = (0..3 * count)
+                    .map(|i| (c.rank() * 1_000_000 + i) as f32)
+                    .collect();
+                let mut out = vec![f32::NAN; 3 * count];
+                c.all_to_all(&input, &mut out).unwrap();
+                for k in 0..3 {
+                    assert_eq!(
+                        out[k * count + 7],
+                        (k * 1_000_000 + c.rank() * count + 7) as f32
+                    );
+                }
+                c.last_algorithm()
+            },
+        );
+        assert_eq!(took, vec![Some("copyin"); 3], "rank {odd} opted out");
+    }
 }

@@ -129,6 +129,26 @@ fn all_cases(cfg: Config) {
         |c| c.all_reduce_in_place(&mut vec![1f32; 300_000], ReduceOp::Sum),
         |c| c.all_gather_in_place(&mut vec![1f32; 300_000]),
     );
+    // From 1 MiB a rank, out of place: the single-copy all_to_all, which
+    // reads peers' plain inputs where they lie. A count that differs must
+    // be caught at the first phase, before any rank reads past a peer's
+    // buffer; and against a copy-in all_reduce (phased too).
+    case(
+        cfg.clone(),
+        "large all_to_all count",
+        "all_to_all(count=100000, f32)",
+        "all_to_all(count=100001, f32)",
+        |c| c.all_to_all(&vec![1f32; 300_000], &mut vec![0f32; 300_000]),
+        |c| c.all_to_all(&vec![1f32; 300_003], &mut vec![0f32; 300_003]),
+    );
+    case(
+        cfg.clone(),
+        "large all_to_all or all_reduce",
+        "all_to_all(count=100000, f32)",
+        "all_reduce(count=300000, f32, sum)",
+        |c| c.all_to_all(&vec![1f32; 300_000], &mut vec![0f32; 300_000]),
+        |c| c.all_reduce_in_place(&mut vec![1f32; 300_000], ReduceOp::Sum),
+    );
     case(
         cfg.clone(),
         "root",

@@ -402,3 +402,28 @@ fn an_unordered_local_overwrite_is_caught() {
     assert!(e.contains("without happening after"), "{e}");
     check_schedules(&spec, &[both(&[0])]).unwrap();
 }
+
+/// Without direct access a peer's plain buffers are out of reach, but for
+/// reads where the kernel copies them (`plain_reads`): the direct
+/// all-to-all is correct with them and rejected without; a reduction from
+/// a peer's plain input is rejected even with them.
+#[test]
+fn reaching_a_peers_plain_buffer_is_caught() {
+    let n = 4;
+    let build = |f: &dyn Fn(usize) -> Schedule| (0..n).map(f).collect::<Vec<_>>();
+    let mut spec = CollSpec::new(Kind::AllToAll, 0, n, 5);
+    let all_to_all = build(&|r| crate::direct::all_to_all(r, n, 5, false));
+    spec.plain_reads = true;
+    assert_eq!(check_schedules(&spec, &all_to_all), Ok(()));
+    spec.plain_reads = false;
+    let e = check_schedules(&spec, &all_to_all).unwrap_err();
+    assert!(e.contains("cannot reach"), "{e}");
+    let mut spec = CollSpec::new(Kind::AllReduce, 0, n, 8);
+    spec.plain_reads = true;
+    let e = check_schedules(
+        &spec,
+        &build(&|r| crate::direct::all_reduce(r, n, 8, false)),
+    )
+    .unwrap_err();
+    assert!(e.contains("cannot reach"), "{e}");
+}

@@ -66,6 +66,13 @@ pub struct Config {
     /// memory are (`OXCCL_STAGING=always`; default `auto`: only those).
     /// Ranks need not agree: staging changes no message.
     pub stage_always: bool,
+    /// Let the ranks of one host copy from each other's plain buffers
+    /// through the kernel (cross-memory attach, `process_vm_readv`) where it
+    /// lets them, so that a large all_to_all moves each byte once
+    /// (`OXCCL_CMA`: `auto`, the default, or `off`). Ranks need not agree:
+    /// at creation they probe each other and use it only if every rank
+    /// wants it and every probe succeeds.
+    pub cross_memory: bool,
     /// The tuner's cost model (`OXCCL_TUNER_PROFILE`: a profile file in
     /// `oxccl-sim`'s format, e.g. written by `scripts/sim-validate`). With
     /// one, a call no algorithm is forced for runs the algorithm
@@ -128,6 +135,7 @@ impl Default for Config {
             oneshot_bytes: 16 << 10,
             copyin_memory: None,
             stage_always: false,
+            cross_memory: true,
             tuner: None,
             flight_calls: crate::flight::DEFAULT_CALLS,
             flight_dir: None,
@@ -168,6 +176,7 @@ impl Config {
         }
         c.copyin_memory = vars::size("OXCCL_COPYIN_MEMORY")?;
         c.stage_always = vars::choice("OXCCL_STAGING")? == Some("always");
+        c.cross_memory = vars::choice("OXCCL_CMA")? != Some("off");
         if let Some(p) = vars::text("OXCCL_TUNER_PROFILE")? {
             c.tuner = Some(vars::profile("OXCCL_TUNER_PROFILE", &p)?);
         }

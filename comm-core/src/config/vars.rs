@@ -75,6 +75,11 @@ pub const VARS: &[Var] = &[
         what: "folder for compiled CUDA kernels (default $XDG_CACHE_HOME/oxccl or ~/.cache/oxccl)",
     },
     Var {
+        name: "OXCCL_CMA",
+        kind: Kind::Choice(&["auto", "off"]),
+        what: "copies between the plain buffers of one host's ranks by the kernel (cross-memory attach): auto (where the kernel allows), off",
+    },
+    Var {
         name: "OXCCL_CONNECT_TIMEOUT",
         kind: secs(100, Duration::from_secs(3600)),
         what: "how long a rank retries reaching the root before failing",

@@ -1,7 +1,9 @@
 //! Direct access in the executor: where a span of a peer's registered
 //! buffer lies (mapped in this process, or remote behind a one-sided
-//! link), and the `Sync` phases of mapped access. (One-sided schedules
-//! have no `Sync`: their phases are messages.)
+//! link, or, for plain buffers of ranks of one host, at an address in the
+//! peer's process that the kernel copies from), and the `Sync` phases of
+//! mapped access. (One-sided schedules have no `Sync`: their phases are
+//! messages.)
 //!
 //! A phase is a counter per rank in a flag page every local rank maps
 //! (exported and imported through the transports' [`DirectAccess`]). A rank
@@ -10,7 +12,10 @@
 //! counter has reached it (Acquire), so what each rank wrote before is
 //! visible to all after. At the first `Sync` each rank also publishes its
 //! call (fingerprint, sequence number, buffer ids) and checks everyone's:
-//! a disagreement is `Error::Mismatch`. Waiting spins in the executor, then
+//! a disagreement is `Error::Mismatch`. A call whose peers read its plain
+//! buffers also publishes where they lie in its process (the words stay
+//! valid until the last `Sync`, which no rank passes while a peer may
+//! still read). Waiting spins in the executor, then
 //! sleeps on the lagging peer's counter with a futex in 2 ms slices, between
 //! which the executor checks the deadline, `abort()`, the control plane and
 //! whether the peer's process still exists: a dead peer is an error, never
@@ -63,6 +68,12 @@ impl SyncFlags {
         // SAFETY: offsets 8..40 of the page, 8-byte aligned.
         unsafe { &*(self.page(rank).add(8) as *const [AtomicU64; 4]) }
     }
+    /// The plain buffers of the rank's call: input address and length,
+    /// output address and length (bytes, in its process).
+    fn buffers(&self, rank: usize) -> &[AtomicU64; 4] {
+        // SAFETY: offsets 40..72 of the page, 8-byte aligned.
+        unsafe { &*(self.page(rank).add(40) as *const [AtomicU64; 4]) }
+    }
 }
 
 /// Bytes of a flag page.
@@ -103,6 +114,18 @@ pub(crate) enum PeerSpan {
     Mapped(Region),
     /// In the peer's process, read through the link to it.
     Remote(RemoteMemory),
+    /// In the peer's process at `addr` (its plain buffer), copied from by
+    /// the kernel (cross-memory attach).
+    Process { pid: u32, addr: u64 },
+}
+
+/// The plain buffers of a call whose peers read them, and who the peers
+/// are.
+pub(crate) struct PlainReads<'a> {
+    /// Every rank's process id.
+    pub pids: &'a [u32],
+    /// This rank's input and output.
+    pub bufs: [Region; 2],
 }
 
 /// One call's direct-access context.
@@ -120,6 +143,9 @@ pub(crate) struct DirectCtx<'a> {
     /// the general call it runs: a peer exchanging messages in this call
     /// would never reach its phases.
     pub small: Option<&'a SmallPages>,
+    /// The call's plain buffers, when its peers read them (ranks of one
+    /// host that agreed at creation that the kernel lets them).
+    pub plain: Option<PlainReads<'a>>,
 }
 
 impl DirectCtx<'_> {
@@ -156,6 +182,9 @@ impl DirectCtx<'_> {
             SHARED => self.shared,
             b => self.maps.get(b as usize).and_then(|m| m.as_deref()),
         };
+        if let (None, Some(p)) = (m, &self.plain) {
+            return self.plain_span(p, buf, mine, peer);
+        }
         let m = m
             .filter(|m| m.zero_copy)
             .ok_or_else(|| {
@@ -182,6 +211,59 @@ impl DirectCtx<'_> {
             }
             None => Ok(PeerSpan::Mapped(mine)),
         }
+    }
+}
+
+impl DirectCtx<'_> {
+    /// Where span `mine` of this rank's plain buffer `buf` lies in rank
+    /// `peer`'s process: at the same offset of the buffer the peer
+    /// published at the call's first `Sync` (which must have passed).
+    fn plain_span(
+        &self,
+        p: &PlainReads<'_>,
+        buf: u16,
+        mine: Region,
+        peer: usize,
+    ) -> Result<PeerSpan> {
+        let internal = |what: String| Err(Error::Protocol(format!("{what} (internal error)")));
+        let Some(own) = p.bufs.get(buf as usize) else {
+            return internal(format!(
+                "a direct step reads buffer {buf} of a peer's plain call"
+            ));
+        };
+        let Some(off) = mine
+            .addr
+            .checked_sub(own.addr)
+            .filter(|o| o + mine.len <= own.len)
+        else {
+            return internal(format!("a direct step reads outside buffer {buf}"));
+        };
+        if p.pids.len() <= peer {
+            return internal(format!(
+                "a direct step reads rank {peer}, which is not a peer"
+            ));
+        }
+        let words = self.flags()?.buffers(peer);
+        let i = 2 * buf as usize;
+        let (addr, len) = (
+            words[i].load(Ordering::Relaxed),
+            words[i + 1].load(Ordering::Relaxed),
+        );
+        // The peer's buffer has this call's shape (the first phase checked
+        // the fingerprint), so the span fits; a length that says otherwise
+        // is a peer misbehaving, not a read to attempt.
+        if (off + mine.len) as u64 > len {
+            return Err(Error::Protocol(format!(
+                "rank {peer} published a {len}-byte buffer {buf} for a call that reads {} bytes of it",
+                off + mine.len
+            )));
+        }
+        Ok(PeerSpan::Process {
+            pid: p.pids[peer],
+            // (A bogus address from a misbehaving peer wraps here and is
+            // refused by the kernel, an error naming the peer.)
+            addr: addr.wrapping_add(off as u64),
+        })
     }
 }
 
@@ -226,6 +308,13 @@ pub(crate) fn arrive(
         call[1].store(y, Ordering::Relaxed);
         call[2].store(seq, Ordering::Relaxed);
         call[3].store(dx.ids(), Ordering::Relaxed);
+        if let Some(p) = &dx.plain {
+            let words = f.buffers(me);
+            for (i, r) in p.bufs.iter().enumerate() {
+                words[2 * i].store(r.addr as u64, Ordering::Relaxed);
+                words[2 * i + 1].store(r.len as u64, Ordering::Relaxed);
+            }
+        }
     }
     f.phase(me).store(target, Ordering::Release);
     fence(Ordering::SeqCst);

@@ -30,7 +30,8 @@ pub(crate) use call::{describe_call, CallCtx, CallName};
 use direct::PeerSpan;
 pub(crate) use direct::{buffer_ids, describe};
 pub(crate) use direct::{
-    copyin_memory, shared_bytes, DirectCtx, SyncFlags, COPYIN_MIN, FLAG_PAGE, SHARED_BYTES,
+    copyin_memory, shared_bytes, DirectCtx, PlainReads, SyncFlags, COPYIN_MIN, FLAG_PAGE,
+    SHARED_BYTES,
 };
 pub use header::{WireHeader, HEADER_LEN};
 
@@ -574,9 +575,9 @@ fn execute_with(
                         }
                         match dx.peer_span(src.buf, at, k)? {
                             PeerSpan::Mapped(r) => srcs.push(r),
-                            PeerSpan::Remote(_) => {
+                            PeerSpan::Remote(_) | PeerSpan::Process { .. } => {
                                 return Err(Error::Protocol(format!(
-                                    "schedule of {} reduces remote memory in place (one-sided schedules read it into scratch; internal error)",
+                                    "schedule of {} reduces memory this process does not map (one-sided schedules read it into scratch; internal error)",
                                     cx.during
                                 )))
                             }
@@ -637,6 +638,39 @@ fn execute_with(
                             compute.copy_final(to, from)?
                         }
                         PeerSpan::Mapped(from) => compute.copy(to, from)?,
+                        PeerSpan::Process { pid, addr } => {
+                            if !to.space.is_host() {
+                                return Err(Error::Protocol(format!(
+                                    "schedule of {} copies a peer's plain buffer into memory the kernel cannot write (internal error)",
+                                    cx.during
+                                )));
+                            }
+                            // SAFETY: `to` is host memory of the call's
+                            // buffers or scratch, alive for the call, and
+                            // no other step touches it meanwhile (the
+                            // schedule's dependencies, checked
+                            // symbolically).
+                            let read =
+                                unsafe { crate::sys::read_process(pid, addr, to.ptr(), to.len) };
+                            if let Err(e) = read {
+                                // Its process gone: lost, as a closed link
+                                // says; else the kernel refused (rights).
+                                return Err(match crate::sys::process_gone(pid) {
+                                    true => {
+                                        cx.lost(peer, format!("reading its buffer failed: {e}"))
+                                    }
+                                    false => Error::Transport {
+                                        peer,
+                                        world_peer: peer,
+                                        detail: format!(
+                                            "reading its buffer during {}: {e}",
+                                            cx.during
+                                        ),
+                                    },
+                                });
+                            }
+                            Pending::DONE
+                        }
                         PeerSpan::Remote(from) => {
                             let Some(os) = net.links[peer].as_mut().and_then(|l| l.one_sided())
                             else {
@@ -669,7 +703,7 @@ fn execute_with(
                     match dx.peer_span(dst.buf, region(bufs, own, dst, es), peer)? {
                         PeerSpan::Mapped(to) if is_final(src, dst) => compute.copy_final(to, from)?,
                         PeerSpan::Mapped(to) => compute.copy(to, from)?,
-                        PeerSpan::Remote(_) => {
+                        PeerSpan::Remote(_) | PeerSpan::Process { .. } => {
                             return Err(Error::Protocol(format!(
                                 "schedule of {} writes rank {peer}'s memory through a one-sided link, which only reads (internal error)",
                                 cx.during

@@ -1,5 +1,6 @@
-//! Other processes of this host: opening their fds through `/proc` and
-//! checking that they still exist.
+//! Other processes of this host: opening their fds through `/proc`,
+//! reading their memory (cross-memory attach) and checking that they still
+//! exist.
 
 use std::io::{Error, Result};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -15,6 +16,46 @@ pub fn open_process_fd(pid: u32, fd: i32) -> Result<OwnedFd> {
     }
     // SAFETY: a fresh fd nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(f) })
+}
+
+/// Copy `len` bytes at address `addr` in process `pid` into `dst`
+/// (`process_vm_readv`, one copy by the kernel: cross-memory attach). Needs
+/// ptrace rights over the process (the same user, and Yama's
+/// `ptrace_scope` allowing it); a process that has exited is `ESRCH`, an
+/// address it has not mapped `EFAULT`.
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes, and nothing else may
+/// touch them during the call.
+pub unsafe fn read_process(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Result<()> {
+    let mut done = 0;
+    while done < len {
+        let local = libc::iovec {
+            // SAFETY (of the add): within the caller's `len` bytes.
+            iov_base: unsafe { dst.add(done) } as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr as usize + done) as *mut libc::c_void,
+            iov_len: len - done,
+        };
+        // SAFETY: one local and one remote iovec; the local one is the
+        // caller's writable memory, the remote one is checked by the kernel.
+        let got = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        match got {
+            g if g > 0 => done += g as usize,
+            // A partial read stops at a page the process has not mapped:
+            // nothing read at all means the same.
+            0 => return Err(Error::from_raw_os_error(libc::EFAULT)),
+            _ => {
+                let e = Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether process `pid` is gone: `kill(pid, 0)` says ESRCH, or it is a
@@ -83,6 +124,28 @@ fn zombie(pid: u32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_process_reads_its_own_memory_and_fails_on_unmapped_or_gone() {
+        let src: Vec<u8> = (0..3 * 4096 + 17).map(|i| (i * 7) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let me = std::process::id();
+        // SAFETY: `dst` is a live buffer of `src.len()` bytes.
+        unsafe { super::read_process(me, src.as_ptr() as u64, dst.as_mut_ptr(), src.len()) }
+            .unwrap();
+        assert_eq!(src, dst);
+        // Page 0 is never mapped.
+        // SAFETY: as above.
+        let e = unsafe { super::read_process(me, 8, dst.as_mut_ptr(), 8) }.unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        // SAFETY: as above.
+        let e = unsafe { super::read_process(pid, src.as_ptr() as u64, dst.as_mut_ptr(), 8) }
+            .unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ESRCH));
+    }
+
     #[test]
     fn a_killed_unreaped_child_is_gone_and_a_living_one_is_not() {
         let mut child = std::process::Command::new("sleep")
