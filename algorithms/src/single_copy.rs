@@ -31,25 +31,20 @@ impl Algorithm for SingleCopy {
     }
 
     fn preferred(&self, spec: &CollSpec, tuning: &Tuning) -> bool {
-        // Out of place, from the copy-in's threshold on 3 or more ranks and
-        // twice it on 2 (an all-to-all's count is per peer: compare what
-        // each rank sends). Medians of 3 alternating runs against the
-        // build before (docs/PERFORMANCE.md, eleventh round), new / old
-        // time: 4 ranks 0.77-0.90 at 2-8 and 128-256 MiB, 0.97-1.27 at
-        // 16-64 MiB (the old build's control 0.99-1.22 there); 2 ranks
-        // 0.67-0.93 at 2-16 and 128-256 MiB, 0.98-1.03 at 32-64. At 1 MiB
-        // it is level with Open MPI's single copy, and on 2 ranks behind
-        // the pairwise exchange, whose one hand-off stays in the cache
-        // there (81-95 µs against 100-125, six alternating runs); on 4
-        // ranks level with the copy-in (358-471 against 346-587), which
-        // fell behind Open MPI's single copy in other minutes (1.76x).
-        // In place the peers' blocks go through scratch, a second copy:
-        // 1.7-2.7x the copy-in's in-place time on 4 ranks (1 / 16 MiB).
-        let least = match spec.nranks {
-            2 => 2 * tuning.copyin_bytes,
-            _ => tuning.copyin_bytes,
-        };
-        !spec.in_place && spec.bytes().saturating_mul(spec.nranks) >= least
+        // Out of place, from the copy-in's threshold (an all-to-all's
+        // count is per peer: compare what each rank sends). Medians of 3
+        // alternating runs against the build before (docs/PERFORMANCE.md,
+        // eleventh round), new / old time: 4 ranks 0.77-0.90 at 2-8 and
+        // 128-256 MiB, 0.97-1.27 at 16-64 MiB (the old build's control
+        // 0.99-1.22 there); 2 ranks 0.67-0.93 at 2-16 and 128-256 MiB,
+        // 0.98-1.03 at 32-64. At 1 MiB it is level with Open MPI's own
+        // single copy and steady (2 ranks, eight alternating runs: 112-124
+        // µs, Open MPI 104-125) where the pairwise exchange swings with the
+        // ranks' placement (87-223), as the copy-in does on 4 ranks (it
+        // fell to 1.76x Open MPI's time in one run). In place the peers'
+        // blocks go through scratch, a second copy: 1.7-2.7x the copy-in's
+        // in-place time on 4 ranks (1 / 16 MiB).
+        !spec.in_place && spec.bytes().saturating_mul(spec.nranks) >= tuning.copyin_bytes
     }
 
     fn build(&self, spec: &CollSpec) -> Schedule {

@@ -990,7 +990,7 @@ fn large_plain_all_to_alls_on_one_host_copy_once_by_the_kernel_or_in_through_sha
     // rank the kernel copies each block once from its owner's input
     // (cross-memory attach), unless `OXCCL_CMA=off`; in place, and with it
     // off, the blocks go through shared memory. 2 ranks keep the pairwise
-    // exchange but for the single copy out of place from 2 MiB.
+    // exchange but for the single copy out of place from 1 MiB.
     for (n, cross_memory) in [(2, true), (2, false), (3, true), (4, true), (4, false)] {
         let cfg = Config {
             copyin_memory: Some(8 << 20),
@@ -1000,7 +1000,7 @@ fn large_plain_all_to_alls_on_one_host_copy_once_by_the_kernel_or_in_through_sha
         let took = with_ranks(n, cfg.clone(), move |c| {
             let r = c.rank();
             let mut took = Vec::new();
-            for (count, in_place) in [(270_001usize, false), (200_000, true), (90_001, false)] {
+            for (count, in_place) in [(150_001usize, false), (200_000, true), (90_001, false)] {
                 let input: Vec<f32> = (0..n * count).map(|i| (r * 1_000_000 + i) as f32).collect();
                 let out = if in_place {
                     let mut b = input.clone();
