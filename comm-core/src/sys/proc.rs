@@ -36,7 +36,9 @@ pub unsafe fn read_process(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Res
             iov_len: len - done,
         };
         let remote = libc::iovec {
-            iov_base: (addr as usize + done) as *mut libc::c_void,
+            // (Wrapping: an address a misbehaving peer published is the
+            // kernel's to refuse, not a panic here.)
+            iov_base: (addr as usize).wrapping_add(done) as *mut libc::c_void,
             iov_len: len - done,
         };
         // SAFETY: one local and one remote iovec; the local one is the
