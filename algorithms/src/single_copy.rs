@@ -27,7 +27,10 @@ impl Algorithm for SingleCopy {
     }
 
     fn supports(&self, spec: &CollSpec) -> bool {
-        spec.plain_reads && spec.direct.is_none() && spec.nranks > 1 && spec.kind == Kind::AllToAll
+        spec.plain_reads
+            && spec.direct.is_none()
+            && spec.nranks > 1
+            && matches!(spec.kind, Kind::AllToAll | Kind::Broadcast)
     }
 
     fn preferred(&self, spec: &CollSpec, tuning: &Tuning) -> bool {
@@ -44,11 +47,17 @@ impl Algorithm for SingleCopy {
         // fell to 1.76x Open MPI's time in one run). In place the peers'
         // blocks go through scratch, a second copy: 1.7-2.7x the copy-in's
         // in-place time on 4 ranks (1 / 16 MiB).
-        !spec.in_place && spec.bytes().saturating_mul(spec.nranks) >= tuning.copyin_bytes
+        spec.kind == Kind::AllToAll
+            && !spec.in_place
+            && spec.bytes().saturating_mul(spec.nranks) >= tuning.copyin_bytes
     }
 
     fn build(&self, spec: &CollSpec) -> Schedule {
-        crate::direct::all_to_all(spec.rank, spec.nranks, spec.count, spec.in_place)
+        let (r, n, c) = (spec.rank, spec.nranks, spec.count);
+        match spec.kind {
+            Kind::Broadcast => crate::direct::broadcast(r, c, spec.root, spec.in_place),
+            _ => crate::direct::all_to_all(r, n, c, spec.in_place),
+        }
     }
 }
 
