@@ -27,10 +27,7 @@ impl Algorithm for SingleCopy {
     }
 
     fn supports(&self, spec: &CollSpec) -> bool {
-        spec.plain_reads
-            && spec.direct.is_none()
-            && spec.nranks > 1
-            && matches!(spec.kind, Kind::AllToAll | Kind::Broadcast)
+        spec.plain_reads && spec.direct.is_none() && spec.nranks > 1 && spec.kind == Kind::AllToAll
     }
 
     fn preferred(&self, spec: &CollSpec, tuning: &Tuning) -> bool {
@@ -47,17 +44,11 @@ impl Algorithm for SingleCopy {
         // fell to 1.76x Open MPI's time in one run). In place the peers'
         // blocks go through scratch, a second copy: 1.7-2.7x the copy-in's
         // in-place time on 4 ranks (1 / 16 MiB).
-        spec.kind == Kind::AllToAll
-            && !spec.in_place
-            && spec.bytes().saturating_mul(spec.nranks) >= tuning.copyin_bytes
+        !spec.in_place && spec.bytes().saturating_mul(spec.nranks) >= tuning.copyin_bytes
     }
 
     fn build(&self, spec: &CollSpec) -> Schedule {
-        let (r, n, c) = (spec.rank, spec.nranks, spec.count);
-        match spec.kind {
-            Kind::Broadcast => crate::direct::broadcast(r, c, spec.root, spec.in_place),
-            _ => crate::direct::all_to_all(r, n, c, spec.in_place),
-        }
+        crate::direct::all_to_all(spec.rank, spec.nranks, spec.count, spec.in_place)
     }
 }
 
