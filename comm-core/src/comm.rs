@@ -719,11 +719,7 @@ impl Communicator {
         // Every record holds a choice, this rank's included.
         let copyin = all
             .chunks_exact(PAGES_RECORD)
-            .map(|rec| {
-                let b =
-                    u64::from_le_bytes(rec[PAGES_RECORD - 16..][..8].try_into().expect("8 bytes"));
-                usize::try_from(b).unwrap_or(usize::MAX)
-            })
+            .map(|rec| usize::try_from(record_word(rec, COPYIN_WORD)).unwrap_or(usize::MAX))
             .fold(copyin, usize::min)
             .max(executor::COPYIN_MIN);
         for k in (0..n).filter(|k| *k != me) {
@@ -749,8 +745,7 @@ impl Communicator {
         // from closing its fds before every peer has opened them.
         let reads_ok = probe_at != 0
             && (0..n).filter(|k| *k != me).all(|k| {
-                let rec = &all[k * PAGES_RECORD..(k + 1) * PAGES_RECORD];
-                let at = u64::from_le_bytes(rec[PAGES_RECORD - 8..].try_into().expect("8 bytes"));
+                let at = record_word(&all[k * PAGES_RECORD..(k + 1) * PAGES_RECORD], PROBE_WORD);
                 let mut word = [0u8; 8];
                 // SAFETY: `word` is 8 writable bytes of this frame.
                 at != 0
@@ -1183,6 +1178,17 @@ const HANDLE_RECORD: usize = 1 + crate::mem::shared::HANDLE_MAX;
 /// memory the rank would choose, and the address peers probe cross-memory
 /// reads with (u64s, little-endian).
 const PAGES_RECORD: usize = 3 * HANDLE_RECORD + 16;
+
+/// Where a host-page record holds the copy-in memory, and the probe
+/// address.
+const COPYIN_WORD: usize = 3 * HANDLE_RECORD;
+const PROBE_WORD: usize = COPYIN_WORD + 8;
+
+/// The u64 at `at` of a host-page record (`at` is one of the words above,
+/// inside every record of `PAGES_RECORD` bytes).
+fn record_word(rec: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(rec[at..at + 8].try_into().expect("8 bytes"))
+}
 
 /// `last_algorithm`'s value for the small-message path (not a schedule).
 pub(crate) const SMALL_PATH: usize = usize::MAX;

@@ -705,7 +705,7 @@ fn execute_with(
                         PeerSpan::Mapped(to) => compute.copy(to, from)?,
                         PeerSpan::Remote(_) | PeerSpan::Process { .. } => {
                             return Err(Error::Protocol(format!(
-                                "schedule of {} writes rank {peer}'s memory through a one-sided link, which only reads (internal error)",
+                                "schedule of {} writes rank {peer}'s memory, which this rank can only read (a one-sided link, or the peer's plain buffer; internal error)",
                                 cx.during
                             )))
                         }
