@@ -787,6 +787,41 @@ fn reach(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), String> {
     Ok(())
 }
 
+/// Every rank whose output its peers read during the call says so
+/// ([`Schedule::output_read`]: its copies into it then stay cached), and
+/// no other rank does.
+fn outputs_read(scheds: &[Schedule]) -> Result<(), String> {
+    let n = scheds.len();
+    let mut read = vec![false; n];
+    for (r, sched) in scheds.iter().enumerate() {
+        for st in &sched.steps {
+            match st.action {
+                Action::CopyFrom { peer, src, .. } if src.buf == OUTPUT => read[peer] = true,
+                Action::ReduceFrom { src, .. } | Action::ReduceToAll { src, .. }
+                    if src.buf == OUTPUT =>
+                {
+                    (0..n).filter(|k| *k != r).for_each(|k| read[k] = true)
+                }
+                _ => {}
+            }
+        }
+    }
+    for (r, sched) in scheds.iter().enumerate() {
+        if sched.output_read != read[r] {
+            return Err(format!(
+                "rank {r}'s schedule says its peers {} its output during the call, but they {}",
+                if sched.output_read {
+                    "read"
+                } else {
+                    "do not read"
+                },
+                if read[r] { "do" } else { "do not" },
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Check the schedules of every rank for the call `spec` describes.
 pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), String> {
     let n = spec.nranks;
@@ -794,6 +829,7 @@ pub fn check_schedules(spec: &CollSpec, scheds: &[Schedule]) -> Result<(), Strin
         .map(|rank| Setup::for_spec(&CollSpec { rank, ..*spec }, &scheds[rank]))
         .collect();
     reach(spec, scheds)?;
+    outputs_read(scheds)?;
     let runs = simulate_runs(scheds, &setups, spec.kind == Kind::Barrier)?;
     order::check(scheds, &setups, &runs)?;
     let count = spec.count;

@@ -26,7 +26,10 @@ use crate::spec::{Access, CollSpec, Kind};
 /// output; after a `Sync`, every rank copies the other segments from their
 /// owners' outputs.
 pub fn all_reduce(rank: usize, n: usize, count: usize, avg: bool) -> Schedule {
-    let mut s = Schedule::default();
+    let mut s = Schedule {
+        output_read: n > 1,
+        ..Schedule::default()
+    };
     let ready = s.push(Action::Sync, &[]);
     let seg = |k: usize| (seg_off(count, n, k), seg_len(count, n, k));
     let (off, len) = seg(rank);
@@ -147,7 +150,10 @@ fn pull_in_place(s: &CollSpec) -> bool {
 
 /// All-gather: every rank copies each peer's contribution into its output.
 pub fn all_gather(rank: usize, n: usize, count: usize, in_place: bool) -> Schedule {
-    let mut s = Schedule::default();
+    let mut s = Schedule {
+        output_read: in_place && n > 1,
+        ..Schedule::default()
+    };
     let ready = s.push(Action::Sync, &[]);
     let mut deps = Vec::new();
     if !in_place {
@@ -182,8 +188,11 @@ pub fn all_gather(rank: usize, n: usize, count: usize, in_place: bool) -> Schedu
 /// Broadcast: the root's output holds the data (out of place the root
 /// copies its input there first: before "ready", as nobody reads a rank's
 /// buffers outside a call); after "ready" every other rank copies it.
-pub fn broadcast(rank: usize, count: usize, root: usize, in_place: bool) -> Schedule {
-    let mut s = Schedule::default();
+pub fn broadcast(rank: usize, n: usize, count: usize, root: usize, in_place: bool) -> Schedule {
+    let mut s = Schedule {
+        output_read: rank == root && n > 1,
+        ..Schedule::default()
+    };
     let out = Span::new(OUTPUT, 0, count);
     let mut deps = Vec::new();
     if !in_place && rank == root {
@@ -322,6 +331,7 @@ pub fn over_one_sided(sched: &Schedule, rank: usize, n: usize) -> Schedule {
         scratch: sched.scratch,
         stage: sched.stage,
         shared: sched.shared,
+        output_read: sched.output_read,
     };
     // Old step -> the new step that completes it (Syncs have none: the
     // fence below stands for them).
@@ -449,7 +459,7 @@ impl crate::Algorithm for Direct {
             }
             Kind::AllReduce => all_reduce(r, n, c, s.avg),
             Kind::AllGather => all_gather(r, n, c, s.in_place),
-            Kind::Broadcast => broadcast(r, c, s.root, s.in_place),
+            Kind::Broadcast => broadcast(r, n, c, s.root, s.in_place),
             Kind::Reduce => reduce(r, c, s.root, s.avg),
             Kind::AllToAll => all_to_all(r, n, c, s.in_place),
             _ => reduce_scatter(r, c, s.avg, s.in_place),

@@ -133,6 +133,10 @@ pub struct Schedule {
     pub stage: usize,
     /// Elements of shared memory ([`SHARED`]) it uses.
     pub shared: usize,
+    /// Peers read this rank's output during the call (a registered
+    /// broadcast's root): what the rank copies into it should stay cached
+    /// rather than stream past the cache as a final output.
+    pub output_read: bool,
 }
 
 impl Schedule {

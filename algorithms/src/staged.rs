@@ -75,6 +75,7 @@ pub fn staged(sched: &Schedule) -> Schedule {
     let mut out = Schedule {
         scratch: sched.scratch,
         shared: sched.shared,
+        output_read: sched.output_read,
         ..Schedule::default()
     };
     let mut lanes = HashMap::new();

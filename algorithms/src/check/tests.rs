@@ -211,7 +211,10 @@ fn a_missing_phase_in_a_direct_schedule_is_a_race() {
     let scheds: Vec<Schedule> = (0..n)
         .map(|rank| {
             let s = crate::direct::all_reduce(rank, n, 10, false);
-            let mut out = Schedule::default();
+            let mut out = Schedule {
+                output_read: s.output_read,
+                ..Schedule::default()
+            };
             let mut syncs = 0;
             for st in &s.steps {
                 if st.action == Action::Sync {
@@ -426,4 +429,34 @@ fn reaching_a_peers_plain_buffer_is_caught() {
     )
     .unwrap_err();
     assert!(e.contains("cannot reach"), "{e}");
+}
+
+/// A rank whose output its peers read during the call must say so (its
+/// copies into it then stay cached rather than stream past the cache), and
+/// a rank whose output nobody reads must not.
+#[test]
+fn an_output_peers_read_is_declared() {
+    let n = 3;
+    let mut spec = CollSpec::new(Kind::Broadcast, 0, n, 6);
+    spec.root = 1;
+    spec.direct = Some(Access::Mapped);
+    let mut bcast: Vec<Schedule> = (0..n)
+        .map(|r| crate::direct::broadcast(r, n, 6, 1, false))
+        .collect();
+    assert_eq!(check_schedules(&spec, &bcast), Ok(()));
+    bcast[1].output_read = false;
+    let e = check_schedules(&spec, &bcast).unwrap_err();
+    assert!(
+        e.contains("rank 1's schedule says its peers do not read"),
+        "{e}"
+    );
+    let mut spec = CollSpec::new(Kind::AllToAll, 0, n, 5);
+    spec.direct = Some(Access::Mapped);
+    let mut a2a: Vec<Schedule> = (0..n)
+        .map(|r| crate::direct::all_to_all(r, n, 5, false))
+        .collect();
+    assert_eq!(check_schedules(&spec, &a2a), Ok(()));
+    a2a[2].output_read = true;
+    let e = check_schedules(&spec, &a2a).unwrap_err();
+    assert!(e.contains("rank 2's schedule says its peers read"), "{e}");
 }

@@ -309,9 +309,8 @@ fn execute_with(
             _ => false,
         }
     });
-    let is_final = |src: Span, dst: Span| {
-        stream_out && dst.buf == OUTPUT && matches!(src.buf, SHARED | SCRATCH)
-    };
+    let is_final = |src: Span, dst: Span| stream_out && final_copy(src, dst, false);
+    let own_final = stream_out && !sched.output_read;
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -527,7 +526,7 @@ fn execute_with(
                 begin(began, iu);
             }
             let pending = match sched.steps[iu].action {
-                Action::Copy { src, dst } if is_final(src, dst) => {
+                Action::Copy { src, dst } if own_final && final_copy(src, dst, true) => {
                     compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
                 Action::Copy { src, dst } => {
@@ -992,6 +991,19 @@ fn execute_with(
     }
 }
 
+/// Whether a copy from `src` into `dst` writes final output that nothing
+/// reads back during the call, so that it may stream past the cache: out
+/// of executor-owned memory (shared staging, scratch) into the output,
+/// and, for a local copy (`own_input`) when peers do not read this rank's
+/// output, from the own input (an all_to_all's own block, an all_gather's
+/// own segment: 4 ranks, 1 MiB all_to_all out of place, six alternating
+/// runs, 392-524 µs streamed against 508-555; docs/PERFORMANCE.md,
+/// twelfth round). A copy out of a peer's input stays cached below the
+/// streaming size (not measured streamed).
+fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
+    dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
+}
+
 /// Whether the buffers of a call's `nranks` ranks, which share one host
 /// and its last-level cache (the least `cache` any of them reported),
 /// together outgrow it: the next call then finds none of the output
@@ -1295,5 +1307,27 @@ mod tests {
         // A reduce_scatter's output in its input: 1 MiB a rank, not 1.25.
         assert!(!outgrows_cache(&o, &seg, 7, Some(8 << 20)));
         assert!(outgrows_cache(&o, &seg, 8, Some(8 << 20)));
+    }
+
+    #[test]
+    fn only_copies_into_the_output_that_nothing_reads_back_are_final() {
+        let span = |buf| Span::new(buf, 0, 64);
+        // Out of staging or scratch into the output: final.
+        for src in [SHARED, SCRATCH] {
+            assert!(final_copy(span(src), span(OUTPUT), false));
+            assert!(final_copy(span(src), span(OUTPUT), true));
+        }
+        // The own input into the output: only a local copy whose output
+        // peers do not read (an all_to_all's own block, not a registered
+        // broadcast root's output, nor a copy out of a peer's input).
+        assert!(final_copy(span(INPUT), span(OUTPUT), true));
+        assert!(!final_copy(span(INPUT), span(OUTPUT), false));
+        // Into staging, scratch or the input: read again, never final.
+        for dst in [SHARED, SCRATCH, INPUT] {
+            for src in [INPUT, OUTPUT, SHARED, SCRATCH] {
+                assert!(!final_copy(span(src), span(dst), true));
+            }
+        }
+        assert!(!final_copy(span(OUTPUT), span(OUTPUT), true));
     }
 }
