@@ -652,9 +652,12 @@ fn execute_with(
                             let read =
                                 unsafe { crate::sys::read_process(pid, addr, to.ptr(), to.len) };
                             if let Err(e) = read {
-                                // Its process gone: lost, as a closed link
-                                // says; else the kernel refused (rights).
-                                return Err(match crate::sys::process_gone(pid) {
+                                // Its process gone (or exiting, its memory
+                                // released): lost, as a closed link says;
+                                // else the kernel refused (rights).
+                                let gone = crate::sys::read_found_exited(&e)
+                                    || crate::sys::process_gone(pid);
+                                return Err(match gone {
                                     true => {
                                         cx.lost(peer, format!("reading its buffer failed: {e}"))
                                     }

@@ -60,6 +60,14 @@ pub unsafe fn read_process(pid: u32, addr: u64, dst: *mut u8, len: usize) -> Res
     Ok(())
 }
 
+/// Whether [`read_process`] failed because the process has exited: the
+/// kernel says `ESRCH` from the moment an exiting process has released its
+/// memory, while `kill(pid, 0)` still finds it and `/proc` does not call it
+/// a zombie yet ([`process_gone`] is false for a while).
+pub fn read_found_exited(e: &Error) -> bool {
+    e.raw_os_error() == Some(libc::ESRCH)
+}
+
 /// Whether process `pid` is gone: `kill(pid, 0)` says ESRCH, or it is a
 /// zombie (dead, not yet reaped by its parent, as a killed child of a
 /// launcher or test harness is until it waits). Allocates nothing: the
@@ -139,6 +147,7 @@ mod tests {
         // SAFETY: as above.
         let e = unsafe { super::read_process(me, 8, dst.as_mut_ptr(), 8) }.unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EFAULT));
+        assert!(!super::read_found_exited(&e));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
@@ -146,6 +155,7 @@ mod tests {
         let e = unsafe { super::read_process(pid, src.as_ptr() as u64, dst.as_mut_ptr(), 8) }
             .unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::ESRCH));
+        assert!(super::read_found_exited(&e));
     }
 
     #[test]
