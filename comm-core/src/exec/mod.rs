@@ -999,10 +999,10 @@ fn execute_with(
 /// of executor-owned memory (shared staging, scratch) into the output,
 /// and, for a local copy (`own_input`) when peers do not read this rank's
 /// output, from the own input (an all_to_all's own block, an all_gather's
-/// own segment: 4 ranks, 1 MiB all_to_all out of place, six alternating
-/// runs, 392-524 µs streamed against 508-555; docs/PERFORMANCE.md,
-/// twelfth round). A copy out of a peer's input stays cached below the
-/// streaming size (not measured streamed).
+/// own segment: 4 ranks, out of place, paired alternating runs, 0.91 /
+/// 0.96 / 0.92 of the time at 1 / 2 / 4 MiB, faster in 9, 8 and 9 of 10
+/// pairs; docs/PERFORMANCE.md, twelfth round). A copy out of a peer's
+/// input stays cached below the streaming size (not measured streamed).
 fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
     dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
 }
