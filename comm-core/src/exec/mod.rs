@@ -309,8 +309,16 @@ fn execute_with(
             _ => false,
         }
     });
-    let is_final = |src: Span, dst: Span| stream_out && final_copy(src, dst, false);
-    let own_final = stream_out && !sched.output_read;
+    // Which copies stream (`final_copy`): a local copy (`local`) may also
+    // move the own input, unless peers read this rank's output during the
+    // call, and then none of its local copies into it stream.
+    let streams = |src: Span, dst: Span, local: bool| {
+        stream_out
+            && match local {
+                true => !sched.output_read && final_copy(src, dst, true),
+                false => final_copy(src, dst, false),
+            }
+    };
 
     // Assign every message its index and its (peer, stream) channel.
     w.nchans = 0;
@@ -526,7 +534,7 @@ fn execute_with(
                 begin(began, iu);
             }
             let pending = match sched.steps[iu].action {
-                Action::Copy { src, dst } if own_final && final_copy(src, dst, true) => {
+                Action::Copy { src, dst } if streams(src, dst, true) => {
                     compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
                 Action::Copy { src, dst } => {
@@ -633,7 +641,7 @@ fn execute_with(
                     let dx = direct_ctx(cx)?;
                     let to = region(bufs, own, dst, es);
                     match dx.peer_span(src.buf, region(bufs, own, src, es), peer)? {
-                        PeerSpan::Mapped(from) if is_final(src, dst) => {
+                        PeerSpan::Mapped(from) if streams(src, dst, false) => {
                             compute.copy_final(to, from)?
                         }
                         PeerSpan::Mapped(from) => compute.copy(to, from)?,
@@ -703,7 +711,7 @@ fn execute_with(
                     let dx = direct_ctx(cx)?;
                     let from = region(bufs, own, src, es);
                     match dx.peer_span(dst.buf, region(bufs, own, dst, es), peer)? {
-                        PeerSpan::Mapped(to) if is_final(src, dst) => compute.copy_final(to, from)?,
+                        PeerSpan::Mapped(to) if streams(src, dst, false) => compute.copy_final(to, from)?,
                         PeerSpan::Mapped(to) => compute.copy(to, from)?,
                         PeerSpan::Remote(_) | PeerSpan::Process { .. } => {
                             return Err(Error::Protocol(format!(
