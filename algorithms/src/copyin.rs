@@ -309,7 +309,9 @@ impl Algorithm for CopyIn {
         let n = spec.nranks;
         match spec.kind {
             Kind::AllToAll => n > 2 && spec.bytes().saturating_mul(n) >= tuning.copyin_bytes,
-            Kind::AllGather => n > 1 && spec.bytes().saturating_mul(n) >= 4 * tuning.copyin_bytes,
+            Kind::AllGather => {
+                n > 1 && spec.bytes().saturating_mul(n) >= tuning.copyin_gather_bytes()
+            }
             Kind::Broadcast => n > 2 && spec.bytes() >= tuning.copyin_bytes,
             _ => n > 1 && spec.bytes() >= tuning.copyin_bytes,
         }

@@ -233,6 +233,15 @@ pub struct Tuning {
     pub copyin_bytes: usize,
 }
 
+impl Tuning {
+    /// Smallest all_gather output (bytes) for the copy-in algorithm: its
+    /// all_reduce threshold four times over (docs/PERFORMANCE.md, tenth
+    /// round; below it the ring, or on 2 ranks the single copy).
+    pub fn copyin_gather_bytes(&self) -> usize {
+        self.copyin_bytes.saturating_mul(4)
+    }
+}
+
 impl Default for Tuning {
     fn default() -> Tuning {
         Tuning {

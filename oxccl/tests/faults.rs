@@ -22,9 +22,15 @@ fn case(transport: &str, kind: &str, victim: usize, when: &str) -> u128 {
         "small" => ("1K", "early"),
         _ => ("32M", "mid"),
     };
+    case_of(N, transport, kind, bytes, victim, when)
+}
+
+/// One fault case on `n` ranks looping `kind` on `bytes`; `when`: `early`
+/// or `mid`. Returns the slowest survivor's detection time (ms).
+fn case_of(n: usize, transport: &str, kind: &str, bytes: &str, victim: usize, when: &str) -> u128 {
     let victim_s = victim.to_string();
     let mut kids =
-        common::spawn_selftest(N, &["fault", kind, bytes, &victim_s, when], transport, 60);
+        common::spawn_selftest(n, &["fault", kind, bytes, &victim_s, when], transport, 60);
     let outs: Vec<Vec<String>> = kids
         .iter_mut()
         .map(|k| {
@@ -37,7 +43,7 @@ fn case(transport: &str, kind: &str, victim: usize, when: &str) -> u128 {
     for mut k in kids {
         let _ = k.wait();
     }
-    let ctx = format!("{transport} {kind} victim {victim} {when}");
+    let ctx = format!("{transport} {kind} on {n} ranks, {bytes} B, victim {victim} {when}");
     let died: u128 = outs[victim]
         .iter()
         .find_map(|l| {
@@ -106,6 +112,22 @@ fn fault_matrix_tcp() {
 #[test]
 fn fault_matrix_shm() {
     matrix("shm");
+}
+
+/// The single-copy all_gather (2 ranks, plain buffers of 64 KiB to 4 MiB
+/// of output: each rank reads the other's input through the kernel) has
+/// the same guarantee: waiting for the dead peer or reading its memory,
+/// the survivor reports `PeerLost` naming it.
+#[test]
+fn a_dead_peer_of_a_single_copy_all_gather_is_peer_lost() {
+    for victim in [0, 1] {
+        for when in ["early", "mid"] {
+            for _ in 0..3 {
+                let t = case_of(2, "shm", "all_gather", "1M", victim, when);
+                eprintln!("single-copy all_gather victim {victim} {when:>5}: PeerLost({victim}) after {t} ms");
+            }
+        }
+    }
 }
 
 /// A stopped peer (SIGSTOP) cannot be told from a slow one until the
