@@ -6,7 +6,8 @@
 //! [`PURE_SPIN`] when this host's ranks have a core each
 //! ([`oversubscribed`]), then yields (a peer sharing the core must run for
 //! the data to come), and ends after
-//! `OXCCL_SPIN_US`. Then the waiter *sleeps* on what can wake it —
+//! `OXCCL_SPIN_US`, once per wait: until something moves, a waiter that
+//! sleeps in slices goes from one slice straight into the next. Then the waiter *sleeps* on what can wake it —
 //! `poll(2)` on its links' fds (RDMA links too: their completions wake an
 //! fd), the engine's completion fd, the control connection and the abort
 //! eventfd; or a futex slice on a peer's phase counter in shared memory —
@@ -78,6 +79,10 @@ pub(crate) struct Spin {
     limit: Duration,
     oversubscribed: bool,
     idle_since: Option<Stamp>,
+    /// The spin time passed with nothing moving: no more spinning until
+    /// something moves (a waiter that sleeps in slices spins once per
+    /// wait, not once per slice).
+    spent: bool,
     /// Idle turns since the clock was last read (it is read every
     /// [`CLOCK_EVERY`] turns: a clock read costs as much as several
     /// looks at the data).
@@ -95,6 +100,7 @@ impl Spin {
             limit,
             oversubscribed,
             idle_since: None,
+            spent: false,
             turns: 0,
         }
     }
@@ -102,12 +108,16 @@ impl Spin {
     /// Something moved: the next idle turn starts a new spin.
     pub(crate) fn moved(&mut self) {
         self.idle_since = None;
+        self.spent = false;
     }
 
     /// One idle turn: spins (or yields) and returns true while the spin
-    /// time lasts; false once it is over (sleep now; the next idle turn
-    /// starts a new spin).
+    /// time lasts; false once it is over (sleep now), and on every turn
+    /// after until [`Spin::moved`].
     pub(crate) fn turn(&mut self) -> bool {
+        if self.spent {
+            return false;
+        }
         // Between clock reads, a pure spin goes on (a yielding one reads
         // the clock every turn: a yield costs more than the read). The
         // first read, too, waits for `CLOCK_EVERY` turns: most waits of a
@@ -123,6 +133,7 @@ impl Spin {
         let idle = now.since(*self.idle_since.get_or_insert(now));
         if idle >= self.limit {
             self.idle_since = None;
+            self.spent = true;
             return false;
         }
         if !self.oversubscribed && idle < PURE_SPIN {
@@ -217,8 +228,9 @@ mod tests {
         let t = Instant::now();
         while s.turn() {}
         assert!(t.elapsed() >= Duration::from_millis(5));
-        // A new idle period spins again.
-        assert!(s.turn());
+        // Spent: nothing moved, so no new spin (a sleeping waiter wakes
+        // from each slice straight into the next).
+        assert!(!s.turn());
         s.moved();
         assert!(s.turn());
         assert!(!Spin::new(Duration::ZERO, false).turn());

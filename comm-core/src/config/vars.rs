@@ -267,7 +267,7 @@ pub const VARS: &[Var] = &[
             min: Duration::ZERO,
             max: Duration::from_secs(1),
         },
-        what: "how long a waiting call spins before sleeping",
+        what: "how long a waiting call spins before sleeping (once per wait: not again between sleeps until something moves)",
     },
     Var {
         name: "OXCCL_STAGING",
