@@ -21,7 +21,7 @@ use crate::schedule::Schedule;
 use crate::spec::{CollSpec, Kind, Tuning};
 
 /// The least all-gather output (bytes) the single copy is preferred for
-/// (below it the kernel's fixed cost per read shows: 1.2-1.7x the ring's
+/// (below it the kernel's fixed cost per read shows: 1.2-1.9x the ring's
 /// time at 16-32 KiB in a shared cache).
 const SHORTEST_GATHER: usize = 64 << 10;
 
@@ -55,25 +55,23 @@ impl Algorithm for SingleCopy {
         // blocks go through scratch, a second copy: 1.7-2.7x the copy-in's
         // in-place time on 4 ranks (1 / 16 MiB).
         //
-        // An all-gather's (count per rank too), on 2 ranks out of place,
-        // from 64 KiB of output until the copy-in takes over: level with
-        // Open MPI's time whichever way the host places the two vCPUs,
-        // where the ring is 0.8-1.0x it when they share a cache and
-        // 1.5-1.8x when they do not (the ring hands each block across
-        // through staging just written). Out of place, µs, ring / single
-        // copy / Open MPI, six alternating rounds (thirteenth round):
-        // shared cache 5.7-6.1 / 6.6-10.5 / 6.2-6.6 at 64 KiB, 73-91 /
-        // 79-106 / 83-92 at 1 MiB; split 11.9-13.0 / 8.4-8.6 / 7.9-8.4,
-        // 182 / 102-107 / 103-104. On 4 ranks (two a core) it lost at
-        // every size from 16 KiB to 16 MiB in both placements, and in
-        // place the ring's time is steadier.
+        // An all-gather's (count per rank too), on 2 ranks, from 64 KiB
+        // of output until the copy-in takes over: level with Open MPI's
+        // time whichever way the host places the two vCPUs, where the
+        // ring is 0.8-1.0x it when they share a cache and 1.4-1.8x when
+        // they do not (the ring hands each block across through staging
+        // just written). Out of place, µs, ring / single copy / Open MPI,
+        // six alternating rounds (thirteenth round): shared cache
+        // 5.7-6.1 / 6.6-10.5 / 6.2-6.6 at 64 KiB, 73-91 / 79-106 / 83-92
+        // at 1 MiB; split 11.9-13.0 / 8.4-8.6 / 7.9-8.4, 182 / 102-107 /
+        // 103-104. In place likewise (it reads the peer's output), 1 MiB:
+        // 57-62 / 81-94 shared, 152-155 / 77-96 split. On 4 ranks (two a
+        // core) it lost in 16 of 18 size-rounds from 16 KiB to 16 MiB, in
+        // both placements.
         let out = spec.bytes().saturating_mul(spec.nranks);
         match spec.kind {
             Kind::AllGather => {
-                spec.nranks == 2
-                    && !spec.in_place
-                    && out >= SHORTEST_GATHER
-                    && out < tuning.copyin_gather_bytes()
+                spec.nranks == 2 && out >= SHORTEST_GATHER && out < tuning.copyin_gather_bytes()
             }
             _ => !spec.in_place && out >= tuning.copyin_bytes,
         }
@@ -127,7 +125,7 @@ mod tests {
                                 _ if n == 2 => bytes >= 2 * t.copyin_bytes,
                                 _ => bytes >= t.copyin_bytes,
                             };
-                            let want = match !in_place && preferred {
+                            let want = match (kind == Kind::AllGather || !in_place) && preferred {
                                 true => "singlecopy",
                                 false => name(&plain),
                             };
