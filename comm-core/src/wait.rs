@@ -6,8 +6,10 @@
 //! [`PURE_SPIN`] when this host's ranks have a core each
 //! ([`oversubscribed`]), then yields (a peer sharing the core must run for
 //! the data to come), and ends after
-//! `OXCCL_SPIN_US`, once per wait: until something moves, a waiter that
-//! sleeps in slices goes from one slice straight into the next. Then the waiter *sleeps* on what can wake it —
+//! `OXCCL_SPIN_US`, once per wait: until something moves (a step, or the
+//! peer slept on, even if not yet far enough), a waiter that sleeps in
+//! slices goes from one slice straight into the next. Then the waiter
+//! *sleeps* on what can wake it —
 //! `poll(2)` on its links' fds (RDMA links too: their completions wake an
 //! fd), the engine's completion fd, the control connection and the abort
 //! eventfd; or a futex slice on a peer's phase counter in shared memory —

@@ -451,6 +451,8 @@ fn execute_with(
     net.pollfds.reserve(chans.len() + cx.nranks + 3);
     let mut remaining = nsteps;
     let mut spin = Spin::new(cx.spin, cx.oversubscribed);
+    // The peer (and phase) a `Sync` last found lagging.
+    let mut lagged: Option<(usize, u32)> = None;
     // From the first sleep after progress stopped until something moves.
     let mut asleep: Option<Sleep> = None;
     let ready = |done: &[bool], i: u32| {
@@ -763,7 +765,14 @@ fn execute_with(
                         progressed = true;
                     }
                     match direct::lagging(dx, me, n, target, first)? {
-                        Some(peer) => sync_wait = Some((peer, target)),
+                        Some(peer) => {
+                            // Another peer lags now: the one before
+                            // arrived, which is movement (the spin starts
+                            // again: the rest may be microseconds away).
+                            progressed |= lagged.is_some_and(|l| l != (peer, target));
+                            lagged = Some((peer, target));
+                            sync_wait = Some((peer, target));
+                        }
                         None => {
                             done[iu] = true;
                             ended(began, iu, 0);

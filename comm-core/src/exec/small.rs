@@ -646,6 +646,11 @@ fn wait_for(
         if let Peer::NotYet = look(pages)? {
             crate::sys::futex_wait(v, seen, slice);
         }
+        // The peer moved, if not yet far enough: spin again (it may be
+        // microseconds away now).
+        if v.load(Ordering::SeqCst) != seen {
+            spin.moved();
+        }
         // A peer that published and then ended (its last call done) is
         // no failure: look before judging.
         if let Peer::Ready = look(pages)? {
