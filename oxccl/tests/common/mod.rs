@@ -148,8 +148,33 @@ pub fn refusing_port() -> (std::os::fd::OwnedFd, u16) {
     }
 }
 
-/// A local port nobody listens on (at the moment of asking).
+/// A local port nobody listens on (at the moment of asking), for a rank
+/// that a launcher starts to listen on later. Taken below the kernel's
+/// ephemeral range where it can: a port of that range, free when asked,
+/// can go to any process's next listener on port 0 or outgoing connection
+/// before the rank binds it (under mpirun, whose daemons open such
+/// sockets meanwhile, the root once failed with "Address already in
+/// use"). Each call of a test process takes a different port.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    let span = ephemeral_from.saturating_sub(LOWEST);
+    if span >= 1_000 {
+        let start = std::process::id().wrapping_mul(7_919);
+        for _ in 0..span {
+            let k = CALLS.fetch_add(1, Ordering::Relaxed);
+            let port = LOWEST + start.wrapping_add(k) % span;
+            // The rank listens on every interface: the port must be free there.
+            if std::net::TcpListener::bind(("0.0.0.0", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
