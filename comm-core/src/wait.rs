@@ -80,15 +80,24 @@ pub(crate) fn oversubscribed(masks: &[&[u8]], own: &[u8], available: usize) -> b
 pub(crate) struct Spin {
     limit: Duration,
     oversubscribed: bool,
-    idle_since: Option<Stamp>,
-    /// The spin time passed with nothing moving: no more spinning until
-    /// something moves (a waiter that sleeps in slices spins once per
-    /// wait, not once per slice).
-    spent: bool,
+    idle: Idle,
     /// Idle turns since the clock was last read (it is read every
     /// [`CLOCK_EVERY`] turns: a clock read costs as much as several
     /// looks at the data).
     turns: u32,
+}
+
+/// Where a spin stands since something last moved.
+#[derive(Clone, Copy, Debug)]
+enum Idle {
+    /// Not idle yet (or the spin's start not read yet).
+    Fresh,
+    /// Spinning since then.
+    Since(Stamp),
+    /// The spin time passed with nothing moving: no more spinning until
+    /// something moves (a waiter that sleeps in slices spins once per
+    /// wait, not once per slice).
+    Spent,
 }
 
 /// Idle turns between clock reads while spinning.
@@ -101,23 +110,21 @@ impl Spin {
         Spin {
             limit,
             oversubscribed,
-            idle_since: None,
-            spent: false,
+            idle: Idle::Fresh,
             turns: 0,
         }
     }
 
     /// Something moved: the next idle turn starts a new spin.
     pub(crate) fn moved(&mut self) {
-        self.idle_since = None;
-        self.spent = false;
+        self.idle = Idle::Fresh;
     }
 
     /// One idle turn: spins (or yields) and returns true while the spin
     /// time lasts; false once it is over (sleep now), and on every turn
     /// after until [`Spin::moved`].
     pub(crate) fn turn(&mut self) -> bool {
-        if self.spent {
+        if let Idle::Spent = self.idle {
             return false;
         }
         // Between clock reads, a pure spin goes on (a yielding one reads
@@ -132,10 +139,16 @@ impl Spin {
         self.turns = 0;
         // One clock read a look (the first look's is also the spin's start).
         let now = Stamp::now();
-        let idle = now.since(*self.idle_since.get_or_insert(now));
+        let since = match self.idle {
+            Idle::Since(s) => s,
+            _ => {
+                self.idle = Idle::Since(now);
+                now
+            }
+        };
+        let idle = now.since(since);
         if idle >= self.limit {
-            self.idle_since = None;
-            self.spent = true;
+            self.idle = Idle::Spent;
             return false;
         }
         if !self.oversubscribed && idle < PURE_SPIN {
