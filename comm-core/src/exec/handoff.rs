@@ -87,10 +87,9 @@ impl Handoff {
     /// Call `seq` ended (successfully): a probe that measured enough
     /// decides the writes until the next one.
     pub fn ended(&mut self, seq: u64) {
-        if !Self::probing(seq) {
-            return;
-        }
-        if let (Some(r), Some(w)) = (self.reads.rate(), self.writes.rate()) {
+        if let (true, Some(r), Some(w)) =
+            (Self::probing(seq), self.reads.rate(), self.writes.rate())
+        {
             self.streamed = r.min(w) < CROSSED * r.max(w);
         }
         self.reads = Tally::default();
@@ -120,8 +119,13 @@ mod tests {
         *want.last_mut().unwrap() = false;
         // Across core complexes: 1 MiB read in ~530 us, written in 20.
         assert_eq!(after_probe(&mut h, 2.0, 50.0), want);
-        // A shared cache: reads a few times slower than writes.
-        assert_eq!(after_probe(&mut h, 12.0, 50.0), vec![false; PROBE_EVERY as usize]);
+        // A shared cache: reads and writes at about one rate.
+        assert_eq!(
+            after_probe(&mut h, 40.0, 35.0),
+            vec![false; PROBE_EVERY as usize]
+        );
+        // Writes into lines a core of the other complex read last call.
+        assert_eq!(after_probe(&mut h, 28.0, 4.0), want);
     }
 
     #[test]
