@@ -22,6 +22,7 @@
 
 mod call;
 mod direct;
+mod handoff;
 pub(crate) mod header;
 pub(crate) mod small;
 
@@ -101,6 +102,9 @@ struct Work {
     started: Vec<bool>,
     /// When each step started (ns on the trace's clock; with a trace only).
     began: Vec<u64>,
+    /// How fast peers' staged pieces reach this rank: whether its staging
+    /// writes stream (kept from call to call).
+    handoff: handoff::Handoff,
 }
 
 impl Net {
@@ -309,6 +313,10 @@ fn execute_with(
             _ => false,
         }
     });
+    // Staging writes stream when this rank's peers' staged pieces reached
+    // it slowly at the last probe (`handoff`); a probe measures.
+    let probe = sched.shared > 0 && handoff::Handoff::probing(cx.seq);
+    let stage_streams = sched.shared > 0 && w.handoff.streams(cx.seq);
     // Which copies stream (`final_copy`): a local copy (`local`) may also
     // move the own input, unless peers read this rank's output during the
     // call, and then none of its local copies into it stream.
@@ -353,6 +361,7 @@ fn execute_with(
         remote,
         started,
         began,
+        handoff,
     } = w;
     // With a trace: step `i` starts now / ended now (a slice with its
     // peer and bytes).
@@ -535,8 +544,11 @@ fn execute_with(
             if !arrived {
                 begin(began, iu);
             }
+            let timed = probe.then(crate::sys::Stamp::now);
             let pending = match sched.steps[iu].action {
-                Action::Copy { src, dst } if streams(src, dst, true) => {
+                Action::Copy { src, dst }
+                    if streams(src, dst, true) || (dst.buf == SHARED && stage_streams) =>
+                {
                     compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
                 Action::Copy { src, dst } => {
@@ -599,7 +611,12 @@ fn execute_with(
                             dsts.clear();
                             dsts.push(region(bufs, own, a, es));
                             dsts.push(to);
-                            let streamed = usize::from(stream_out && a.buf == OUTPUT);
+                            // (And the staged copy peers read, by the
+                            // hand-offs' gauge.)
+                            let streamed = match dst.buf == SHARED && stage_streams {
+                                true => 2,
+                                false => usize::from(stream_out && a.buf == OUTPUT),
+                            };
                             compute.reduce_fanout(cx.dtype, cx.op, dsts, srcs, streamed)?
                         }
                         None => compute.reduce(cx.dtype, cx.op, to, srcs)?,
@@ -787,6 +804,9 @@ fn execute_with(
                 }
                 _ => unreachable!("message steps run on channels"),
             };
+            if let Some(t0) = timed {
+                handoff_step(handoff, &sched.steps[iu].action, cx.nranks, es, t0);
+            }
             progressed = true;
             if compute.poll(pending)? {
                 done[iu] = true;
@@ -957,6 +977,9 @@ fn execute_with(
         }
 
         if remaining == 0 {
+            if probe {
+                handoff.ended(cx.seq);
+            }
             return Ok(());
         }
         if progressed {
@@ -1020,6 +1043,26 @@ fn execute_with(
 /// 0.96 / 0.92 of the time at 1 / 2 / 4 MiB, faster in 9, 8 and 9 of 10
 /// pairs; docs/PERFORMANCE.md, twelfth round). A copy out of a peer's
 /// input stays cached below the streaming size (not measured streamed).
+/// A probe's step `action`, started at `t0`, ended now: the gauge counts
+/// this rank's staging writes and its reads of peers' staged pieces.
+fn handoff_step(
+    gauge: &mut handoff::Handoff,
+    action: &Action,
+    nranks: usize,
+    es: usize,
+    t0: crate::sys::Stamp,
+) {
+    let ns = || crate::sys::Stamp::now().ns_since(t0);
+    match *action {
+        Action::Copy { dst, .. } if dst.buf == SHARED => gauge.wrote(dst.len * es, ns()),
+        Action::CopyFrom { src, .. } if src.buf == SHARED => gauge.read(src.len * es, ns()),
+        Action::ReduceFrom { src, .. } if src.buf == SHARED => {
+            gauge.read(src.len * es * (nranks - 1), ns())
+        }
+        _ => {}
+    }
+}
+
 fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
     dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
 }

@@ -1,0 +1,152 @@
+//! Whether a rank's writes into its shared staging memory stream past its
+//! cache, by how fast its peers' staged pieces reach it.
+//!
+//! A copy-in schedule hands every staged piece from the core that wrote
+//! it to the cores that read it. Where the two cores share a last-level
+//! cache the reader finds the piece there; where they do not (a guest's
+//! vCPUs on two core complexes of the host, a placement that changes
+//! every few seconds on this project's virtual machines), it pulls every
+//! line out of the writer's cache, several times slower than reading
+//! memory. Streamed (non-temporal) writes send the piece to memory: a
+//! little slower than a shared cache, far faster than a pull across
+//! complexes (docs/PERFORMANCE.md, fourteenth round).
+//!
+//! The choice is each rank's own and needs no agreement: a piece written
+//! either way holds the same bytes. Every rank measures on the same calls
+//! (the probes: call numbers every rank shares), on which every rank
+//! writes through its cache: the time its reads of peers' freshly staged
+//! pieces took against the time its own staging writes took. Reads much
+//! slower than writes mean the pieces crossed between caches, and the rank
+//! streams its writes until the next probe. The placement being the same
+//! for both directions of a pair, a rank's reads stand for its peers'.
+//!
+//! Pure state: the executor times the steps and reports them.
+
+/// Every how many calls the ranks probe (call numbers divisible by it).
+/// A placement changes every few seconds; calls of the sizes that stage
+/// take tens of microseconds to a few hundred milliseconds.
+pub(crate) const PROBE_EVERY: u64 = 8;
+
+/// The least bytes a probe must have read from peers and written to
+/// staging to judge: below it one preemption decides.
+const MIN_BYTES: u64 = 256 << 10;
+
+/// Reads of peers' staged pieces and writes into the rank's own staging
+/// (bytes per second) this far apart: the pieces crossed between caches.
+const CROSSED: f64 = 0.4;
+
+/// Bytes moved and the nanoseconds they took.
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    bytes: u64,
+    ns: u64,
+}
+
+impl Tally {
+    fn add(&mut self, bytes: usize, ns: u64) {
+        self.bytes += bytes as u64;
+        self.ns += ns;
+    }
+
+    /// Bytes per nanosecond (`None` until enough was moved).
+    fn rate(&self) -> Option<f64> {
+        (self.bytes >= MIN_BYTES).then(|| self.bytes as f64 / self.ns.max(1) as f64)
+    }
+}
+
+/// One rank's gauge of its hand-offs.
+#[derive(Debug, Default)]
+pub(crate) struct Handoff {
+    streamed: bool,
+    reads: Tally,
+    writes: Tally,
+}
+
+impl Handoff {
+    /// Whether call `seq` is a probe: every rank writes through its cache
+    /// and measures.
+    pub fn probing(seq: u64) -> bool {
+        seq % PROBE_EVERY == 0
+    }
+
+    /// Whether call `seq`'s staging writes stream.
+    pub fn streams(&self, seq: u64) -> bool {
+        self.streamed && !Self::probing(seq)
+    }
+
+    /// A probe's read of `bytes` of peers' staged pieces took `ns`.
+    pub fn read(&mut self, bytes: usize, ns: u64) {
+        self.reads.add(bytes, ns);
+    }
+
+    /// A probe's write of `bytes` into this rank's staging took `ns`.
+    pub fn wrote(&mut self, bytes: usize, ns: u64) {
+        self.writes.add(bytes, ns);
+    }
+
+    /// Call `seq` ended (successfully): a probe that measured enough
+    /// decides the writes until the next one.
+    pub fn ended(&mut self, seq: u64) {
+        if let (true, Some(r), Some(w)) =
+            (Self::probing(seq), self.reads.rate(), self.writes.rate())
+        {
+            self.streamed = r.min(w) < CROSSED * r.max(w);
+        }
+        self.reads = Tally::default();
+        self.writes = Tally::default();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A probe whose reads ran at `read` and writes at `write` GB/s
+    /// (1 MiB each), then whether each of the next calls streams.
+    fn after_probe(h: &mut Handoff, read: f64, write: f64) -> Vec<bool> {
+        let mib = 1 << 20;
+        h.read(mib, (mib as f64 / read) as u64);
+        h.wrote(mib, (mib as f64 / write) as u64);
+        h.ended(0);
+        (1..=PROBE_EVERY).map(|s| h.streams(s)).collect()
+    }
+
+    #[test]
+    fn slow_reads_stream_until_the_next_probe() {
+        let mut h = Handoff::default();
+        let mut want = vec![true; PROBE_EVERY as usize];
+        // The next probe itself writes through the cache.
+        *want.last_mut().unwrap() = false;
+        // Across core complexes: 1 MiB read in ~530 us, written in 20.
+        assert_eq!(after_probe(&mut h, 2.0, 50.0), want);
+        // A shared cache: reads and writes at about one rate.
+        assert_eq!(
+            after_probe(&mut h, 40.0, 35.0),
+            vec![false; PROBE_EVERY as usize]
+        );
+        // Writes into lines a core of the other complex read last call.
+        assert_eq!(after_probe(&mut h, 28.0, 4.0), want);
+    }
+
+    #[test]
+    fn only_probes_decide_and_only_with_enough_bytes() {
+        let mut h = Handoff::default();
+        after_probe(&mut h, 2.0, 50.0);
+        assert!(h.streams(1));
+        // A call that is not a probe changes nothing, whatever it saw.
+        h.read(1 << 20, 1);
+        h.wrote(1 << 20, 1 << 30);
+        h.ended(3);
+        assert!(h.streams(4));
+        // A probe that moved too little keeps the last decision.
+        h.read(4096, 1 << 30);
+        h.wrote(4096, 1);
+        h.ended(2 * PROBE_EVERY);
+        assert!(h.streams(2 * PROBE_EVERY + 1));
+        // Its tallies do not carry into the next probe.
+        h.read(MIN_BYTES as usize, 1);
+        h.wrote(MIN_BYTES as usize, 1);
+        h.ended(3 * PROBE_EVERY);
+        assert!(!h.streams(3 * PROBE_EVERY + 1));
+    }
+}
