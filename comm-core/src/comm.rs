@@ -1635,6 +1635,7 @@ impl Inner {
             timeout,
             spin: self.config.spin,
             oversubscribed: self.oversubscribed,
+            stage_writes: self.config.stage_writes,
             during: executor::CallName { fp, seq },
             peers: &self.peers,
             control,

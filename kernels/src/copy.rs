@@ -29,8 +29,11 @@
 //! all_reduce on registered 256 MiB buffers, medians of 7 alternating
 //! runs: 5.49 / 6.77 GB/s busbw out of / in place before, 6.43 / 9.92
 //! after). Staging a reader takes next ([`copy_cached`]: the
-//! shared-memory rings) never streams: streamed, the reader fetched it
-//! from memory and plain 256 MiB all_reduces got slower (4.04 -> 3.33).
+//! shared-memory rings) never streams by size: streamed, the reader
+//! fetched it from memory and plain 256 MiB all_reduces got slower (4.04
+//! -> 3.33) while the cores shared a cache. (The copy-in's staging
+//! streams, through [`copy_streaming`], only while its executor finds
+//! the pieces crossing between caches: `comm-core/src/exec/handoff.rs`.)
 
 use crate::Isa;
 

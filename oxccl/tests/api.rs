@@ -1039,6 +1039,87 @@ fn large_plain_all_to_alls_on_one_host_copy_once_by_the_kernel_or_in_through_sha
 }
 
 #[test]
+fn copy_in_staging_written_streamed_or_cached_holds_the_same_bytes() {
+    // Every copy-in collective on 3 ranks (pieces of 21 845 f32 per rank
+    // in 256 KiB of shared memory: several pieces and a ragged last one),
+    // its staging writes forced streamed (non-temporal stores) on every
+    // rank, forced cached, and one rank each way under the gauge (`auto`):
+    // exact results every time. The gauge streams only where pieces cross
+    // between caches, which a test cannot arrange; forcing reaches the
+    // same writes.
+    let n = 3;
+    for modes in [
+        [Some(true); 3],
+        [Some(false); 3],
+        [Some(true), None, Some(false)],
+    ] {
+        let cfg = move |r: usize| Config {
+            copyin_memory: Some(256 << 10),
+            algo: Some("copyin".into()),
+            cross_memory: false,
+            stage_writes: modes[r],
+            ..test_config()
+        };
+        let took = with_rank_configs(n, cfg, |c| {
+            let r = c.rank();
+            let count = 100_003;
+            let input: Vec<f32> = (0..count).map(|i| ((i % 13) + 4 * r) as f32).collect();
+            let mut took = Vec::new();
+            // 20 all_reduces: the gauge's probes (every eighth call) too.
+            for _ in 0..20 {
+                let mut out = vec![f32::NAN; count];
+                c.all_reduce(&input, &mut out, ReduceOp::Sum).unwrap();
+                for (i, v) in out.iter().enumerate() {
+                    assert_eq!(
+                        *v,
+                        3.0 * (i % 13) as f32 + 12.0,
+                        "all_reduce {i} rank {r} {modes:?}"
+                    );
+                }
+            }
+            took.push(c.last_algorithm());
+            let mut all = vec![f32::NAN; n * count];
+            c.all_gather(&input, &mut all).unwrap();
+            for (i, v) in all.iter().enumerate() {
+                let (k, j) = (i / count, i % count);
+                assert_eq!(
+                    *v,
+                    ((j % 13) + 4 * k) as f32,
+                    "all_gather {i} rank {r} {modes:?}"
+                );
+            }
+            took.push(c.last_algorithm());
+            let mut b = input.clone();
+            c.broadcast_in_place(&mut b, 1).unwrap();
+            for (i, v) in b.iter().enumerate() {
+                assert_eq!(
+                    *v,
+                    ((i % 13) + 4) as f32,
+                    "broadcast {i} rank {r} {modes:?}"
+                );
+            }
+            took.push(c.last_algorithm());
+            let blocks: Vec<f32> = (0..n * count).map(|i| (r * 1_000_000 + i) as f32).collect();
+            let mut got = vec![f32::NAN; n * count];
+            c.all_to_all(&blocks, &mut got).unwrap();
+            for (i, v) in got.iter().enumerate() {
+                let (k, j) = (i / count, i % count);
+                assert_eq!(
+                    *v,
+                    (k * 1_000_000 + r * count + j) as f32,
+                    "all_to_all {i} rank {r} {modes:?}"
+                );
+            }
+            took.push(c.last_algorithm());
+            took
+        });
+        for t in took {
+            assert_eq!(t, vec![Some("copyin"); 4], "{modes:?}");
+        }
+    }
+}
+
+#[test]
 fn large_plain_all_gathers_and_broadcasts_on_one_host_copy_in_through_shared_memory() {
     // 3 ranks, 8 MiB of shared memory (pieces of 349 525 f32 per rank):
     // counts of several pieces, of one piece and a little, and not a

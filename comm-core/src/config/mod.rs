@@ -66,6 +66,13 @@ pub struct Config {
     /// memory are (`OXCCL_STAGING=always`; default `auto`: only those).
     /// Ranks need not agree: staging changes no message.
     pub stage_always: bool,
+    /// How a copy-in schedule writes its shared staging
+    /// (`OXCCL_STAGE_WRITES`): `None` (`auto`, the default) streams them
+    /// past the cache only while this rank finds its peers' pieces
+    /// crossing between caches (`exec/handoff.rs`); `Some(true)`
+    /// (`streamed`) always, `Some(false)` (`cached`) never. Ranks need not
+    /// agree: a piece holds the same bytes either way.
+    pub stage_writes: Option<bool>,
     /// Let the ranks of one host copy from each other's plain buffers
     /// through the kernel (cross-memory attach, `process_vm_readv`) where it
     /// lets them, so that a large all_to_all moves each byte once
@@ -135,6 +142,7 @@ impl Default for Config {
             oneshot_bytes: 16 << 10,
             copyin_memory: None,
             stage_always: false,
+            stage_writes: None,
             cross_memory: true,
             tuner: None,
             flight_calls: crate::flight::DEFAULT_CALLS,
@@ -176,6 +184,11 @@ impl Config {
         }
         c.copyin_memory = vars::size("OXCCL_COPYIN_MEMORY")?;
         c.stage_always = vars::choice("OXCCL_STAGING")? == Some("always");
+        c.stage_writes = match vars::choice("OXCCL_STAGE_WRITES")? {
+            Some("streamed") => Some(true),
+            Some("cached") => Some(false),
+            _ => None,
+        };
         c.cross_memory = vars::choice("OXCCL_CMA")? != Some("off");
         if let Some(p) = vars::text("OXCCL_TUNER_PROFILE")? {
             c.tuner = Some(vars::profile("OXCCL_TUNER_PROFILE", &p)?);

@@ -270,6 +270,11 @@ pub const VARS: &[Var] = &[
         what: "how long a waiting call spins before sleeping (once per wait: not again between sleeps until something moves)",
     },
     Var {
+        name: "OXCCL_STAGE_WRITES",
+        kind: Kind::Choice(&["auto", "cached", "streamed"]),
+        what: "how copy-in schedules write their shared staging: auto (streamed while peers' pieces cross between caches), cached, streamed",
+    },
+    Var {
         name: "OXCCL_STAGING",
         kind: Kind::Choice(&["auto", "always"]),
         what: "staging of messages through host slots: auto (device buffers), always (every call; tests the device path on host memory)",

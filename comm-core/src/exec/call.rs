@@ -57,6 +57,9 @@ pub(crate) struct CallCtx<'a> {
     pub spin: Duration,
     /// More ranks on this host than cores: never spin without yielding.
     pub oversubscribed: bool,
+    /// Copy-in staging writes forced streamed or cached (`None`: this
+    /// rank's hand-off gauge decides).
+    pub stage_writes: Option<bool>,
     /// Names the call in messages (`all_reduce #12`); built only on error.
     pub during: CallName,
     pub peers: &'a [PeerInfo],

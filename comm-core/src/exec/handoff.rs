@@ -3,22 +3,26 @@
 //!
 //! A copy-in schedule hands every staged piece from the core that wrote
 //! it to the cores that read it. Where the two cores share a last-level
-//! cache the reader finds the piece there; where they do not (a guest's
-//! vCPUs on two core complexes of the host, a placement that changes
-//! every few seconds on this project's virtual machines), it pulls every
-//! line out of the writer's cache, several times slower than reading
-//! memory. Streamed (non-temporal) writes send the piece to memory: a
-//! little slower than a shared cache, far faster than a pull across
-//! complexes (docs/PERFORMANCE.md, fourteenth round).
+//! cache that costs about what a local copy does; where they do not (a
+//! guest's vCPUs on two core complexes of the host, a placement that
+//! changes every few seconds on this project's virtual machines) the
+//! reader pulls every line out of the writer's cache, and the writer must
+//! take back lines the other complex read last call: 3-5 times slower.
+//! Streamed (non-temporal) writes send the piece to memory: 5-30 % slower
+//! than a shared cache, 2-2.5 times faster than crossing (docs/
+//! PERFORMANCE.md, fourteenth round).
 //!
 //! The choice is each rank's own and needs no agreement: a piece written
 //! either way holds the same bytes. Every rank measures on the same calls
 //! (the probes: call numbers every rank shares), on which every rank
-//! writes through its cache: the time its reads of peers' freshly staged
-//! pieces took against the time its own staging writes took. Reads much
-//! slower than writes mean the pieces crossed between caches, and the rank
-//! streams its writes until the next probe. The placement being the same
-//! for both directions of a pair, a rank's reads stand for its peers'.
+//! writes through its cache: the rate of its copies into its staging
+//! against that of its copies out of its peers' (reductions are not
+//! timed: they move several times the bytes they read from peers). Rates
+//! far apart, either way, mean the pieces crossed between caches; two
+//! such probes in a row (one preempted copy is not a placement) and the
+//! rank streams its writes until a probe finds the rates close. The
+//! placement being the same for both directions of a pair, a rank's
+//! copies stand for its peers'. `OXCCL_STAGE_WRITES` forces either way.
 //!
 //! Pure state: the executor times the steps and reports them.
 
@@ -58,6 +62,9 @@ impl Tally {
 #[derive(Debug, Default)]
 pub(crate) struct Handoff {
     streamed: bool,
+    /// The last judging probe found the pieces crossed (streaming starts
+    /// at the second in a row: one preempted copy is not a placement).
+    crossed: bool,
     reads: Tally,
     writes: Tally,
 }
@@ -66,7 +73,7 @@ impl Handoff {
     /// Whether call `seq` is a probe: every rank writes through its cache
     /// and measures.
     pub fn probing(seq: u64) -> bool {
-        seq % PROBE_EVERY == 0
+        seq.is_multiple_of(PROBE_EVERY)
     }
 
     /// Whether call `seq`'s staging writes stream.
@@ -85,12 +92,16 @@ impl Handoff {
     }
 
     /// Call `seq` ended (successfully): a probe that measured enough
-    /// decides the writes until the next one.
+    /// decides the writes until the next one: streamed after two probes
+    /// in a row found the pieces crossed, through the cache after one
+    /// that did not.
     pub fn ended(&mut self, seq: u64) {
         if let (true, Some(r), Some(w)) =
             (Self::probing(seq), self.reads.rate(), self.writes.rate())
         {
-            self.streamed = r.min(w) < CROSSED * r.max(w);
+            let crossed = r.min(w) < CROSSED * r.max(w);
+            self.streamed = crossed && self.crossed;
+            self.crossed = crossed;
         }
         self.reads = Tally::default();
         self.writes = Tally::default();
@@ -112,25 +123,31 @@ mod tests {
     }
 
     #[test]
-    fn slow_reads_stream_until_the_next_probe() {
+    fn two_crossed_probes_in_a_row_stream_until_the_next_probe() {
         let mut h = Handoff::default();
-        let mut want = vec![true; PROBE_EVERY as usize];
+        let mut streamed = vec![true; PROBE_EVERY as usize];
         // The next probe itself writes through the cache.
-        *want.last_mut().unwrap() = false;
+        *streamed.last_mut().unwrap() = false;
+        let cached = vec![false; PROBE_EVERY as usize];
         // Across core complexes: 1 MiB read in ~530 us, written in 20.
-        assert_eq!(after_probe(&mut h, 2.0, 50.0), want);
-        // A shared cache: reads and writes at about one rate.
-        assert_eq!(
-            after_probe(&mut h, 40.0, 35.0),
-            vec![false; PROBE_EVERY as usize]
-        );
+        // One such probe is not enough (a copy preempted reads the same).
+        assert_eq!(after_probe(&mut h, 2.0, 50.0), cached);
+        assert_eq!(after_probe(&mut h, 2.0, 50.0), streamed);
         // Writes into lines a core of the other complex read last call.
-        assert_eq!(after_probe(&mut h, 28.0, 4.0), want);
+        assert_eq!(after_probe(&mut h, 28.0, 4.0), streamed);
+        // A shared cache: reads and writes at about one rate; one such
+        // probe is enough to go back.
+        assert_eq!(after_probe(&mut h, 40.0, 35.0), cached);
+        assert_eq!(after_probe(&mut h, 2.0, 50.0), cached);
+        // Crossed, shared, crossed: never two in a row.
+        assert_eq!(after_probe(&mut h, 40.0, 35.0), cached);
+        assert_eq!(after_probe(&mut h, 2.0, 50.0), cached);
     }
 
     #[test]
     fn only_probes_decide_and_only_with_enough_bytes() {
         let mut h = Handoff::default();
+        after_probe(&mut h, 2.0, 50.0);
         after_probe(&mut h, 2.0, 50.0);
         assert!(h.streams(1));
         // A call that is not a probe changes nothing, whatever it saw.

@@ -313,10 +313,14 @@ fn execute_with(
             _ => false,
         }
     });
-    // Staging writes stream when this rank's peers' staged pieces reached
-    // it slowly at the last probe (`handoff`); a probe measures.
-    let probe = sched.shared > 0 && handoff::Handoff::probing(cx.seq);
-    let stage_streams = sched.shared > 0 && w.handoff.streams(cx.seq);
+    // Staging writes stream while this rank's gauge finds staged pieces
+    // crossing between caches (`handoff`), unless `OXCCL_STAGE_WRITES`
+    // forces either way; a probe call measures.
+    let (probe, stage_streams) = match (sched.shared > 0, cx.stage_writes) {
+        (false, _) => (false, false),
+        (true, Some(forced)) => (false, forced),
+        (true, None) => (handoff::Handoff::probing(cx.seq), w.handoff.streams(cx.seq)),
+    };
     // Which copies stream (`final_copy`): a local copy (`local`) may also
     // move the own input, unless peers read this rank's output during the
     // call, and then none of its local copies into it stream.
@@ -608,15 +612,20 @@ fn execute_with(
                     match also {
                         // The own output first: streamed when final.
                         Some(a) => {
-                            dsts.clear();
-                            dsts.push(region(bufs, own, a, es));
-                            dsts.push(to);
-                            // (And the staged copy peers read, by the
-                            // hand-offs' gauge.)
-                            let streamed = match dst.buf == SHARED && stage_streams {
-                                true => 2,
-                                false => usize::from(stream_out && a.buf == OUTPUT),
+                            // The staged copy peers read streams too when
+                            // the hand-offs' gauge says so: streamed
+                            // destinations go first.
+                            let also = region(bufs, own, a, es);
+                            let out = stream_out && a.buf == OUTPUT;
+                            let staged = dst.buf == SHARED && stage_streams;
+                            let (first, second) = match !out && staged {
+                                true => (to, also),
+                                false => (also, to),
                             };
+                            dsts.clear();
+                            dsts.push(first);
+                            dsts.push(second);
+                            let streamed = usize::from(out) + usize::from(staged);
                             compute.reduce_fanout(cx.dtype, cx.op, dsts, srcs, streamed)?
                         }
                         None => compute.reduce(cx.dtype, cx.op, to, srcs)?,
@@ -805,7 +814,7 @@ fn execute_with(
                 _ => unreachable!("message steps run on channels"),
             };
             if let Some(t0) = timed {
-                handoff_step(handoff, &sched.steps[iu].action, cx.nranks, es, t0);
+                handoff_step(handoff, &sched.steps[iu].action, es, t0);
             }
             progressed = true;
             if compute.poll(pending)? {
@@ -1034,6 +1043,19 @@ fn execute_with(
     }
 }
 
+/// A probe's step `action`, started at `t0`, ended now: the gauge counts
+/// this rank's copies into its staging and out of peers'.
+fn handoff_step(gauge: &mut handoff::Handoff, action: &Action, es: usize, t0: crate::sys::Stamp) {
+    let ns = || crate::sys::Stamp::now().ns_since(t0);
+    match *action {
+        Action::Copy { dst, .. } if dst.buf == SHARED => gauge.wrote(dst.len * es, ns()),
+        Action::CopyFrom { src, .. } if src.buf == SHARED => gauge.read(src.len * es, ns()),
+        // Not reductions: they move several times the bytes they read
+        // from peers, and would read as slow hand-offs on any placement.
+        _ => {}
+    }
+}
+
 /// Whether a copy from `src` into `dst` writes final output that nothing
 /// reads back during the call, so that it may stream past the cache: out
 /// of executor-owned memory (shared staging, scratch) into the output,
@@ -1043,26 +1065,6 @@ fn execute_with(
 /// 0.96 / 0.92 of the time at 1 / 2 / 4 MiB, faster in 9, 8 and 9 of 10
 /// pairs; docs/PERFORMANCE.md, twelfth round). A copy out of a peer's
 /// input stays cached below the streaming size (not measured streamed).
-/// A probe's step `action`, started at `t0`, ended now: the gauge counts
-/// this rank's staging writes and its reads of peers' staged pieces.
-fn handoff_step(
-    gauge: &mut handoff::Handoff,
-    action: &Action,
-    nranks: usize,
-    es: usize,
-    t0: crate::sys::Stamp,
-) {
-    let ns = || crate::sys::Stamp::now().ns_since(t0);
-    match *action {
-        Action::Copy { dst, .. } if dst.buf == SHARED => gauge.wrote(dst.len * es, ns()),
-        Action::CopyFrom { src, .. } if src.buf == SHARED => gauge.read(src.len * es, ns()),
-        Action::ReduceFrom { src, .. } if src.buf == SHARED => {
-            gauge.read(src.len * es * (nranks - 1), ns())
-        }
-        _ => {}
-    }
-}
-
 fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
     dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
 }
