@@ -75,6 +75,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_REQUIRE_GPU", &["2"]),
         ("OXCCL_REQUIRE_LAUNCHERS", &["yes"]),
         ("OXCCL_REQUIRE_NCCL_H", &["2"]),
+        ("OXCCL_STAGE_WRITES", &["always", "1"]),
         ("OXCCL_STAGING", &["never"]),
         ("OXCCL_CMA", &["on", "0"]),
         ("OXCCL_FLIGHT_CALLS", &["-1", "x", "2000000"]),
