@@ -61,10 +61,10 @@ impl Tally {
 /// One rank's gauge of its hand-offs.
 #[derive(Debug, Default)]
 pub(crate) struct Handoff {
-    streamed: bool,
-    /// The last judging probe found the pieces crossed (streaming starts
-    /// at the second in a row: one preempted copy is not a placement).
-    crossed: bool,
+    /// How many judging probes in a row found the pieces crossed (up to
+    /// 2: streaming starts at the second, as one preempted copy is not a
+    /// placement).
+    crossed_in_a_row: u8,
     reads: Tally,
     writes: Tally,
 }
@@ -78,7 +78,7 @@ impl Handoff {
 
     /// Whether call `seq`'s staging writes stream.
     pub fn streams(&self, seq: u64) -> bool {
-        self.streamed && !Self::probing(seq)
+        self.crossed_in_a_row >= 2 && !Self::probing(seq)
     }
 
     /// A probe's read of `bytes` of peers' staged pieces took `ns`.
@@ -99,9 +99,10 @@ impl Handoff {
         if let (true, Some(r), Some(w)) =
             (Self::probing(seq), self.reads.rate(), self.writes.rate())
         {
-            let crossed = r.min(w) < CROSSED * r.max(w);
-            self.streamed = crossed && self.crossed;
-            self.crossed = crossed;
+            self.crossed_in_a_row = match r.min(w) < CROSSED * r.max(w) {
+                true => (self.crossed_in_a_row + 1).min(2),
+                false => 0,
+            };
         }
         self.reads = Tally::default();
         self.writes = Tally::default();
