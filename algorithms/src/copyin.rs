@@ -300,6 +300,8 @@ impl Algorithm for CopyIn {
         // / in place, by output size): 2 ranks 1.59 / 1.22 at 2 MiB, 0.48
         // / 0.60 at 4 MiB, 0.63-0.67 / 0.66-0.74 from 8 to 128 MiB; 4
         // ranks 0.93 / 1.00 at 2 MiB, 0.44-0.55 / 0.42-0.62 from 4 MiB.
+        // With a 32 MiB cache 2 ranks' ring leads up to 8 MiB
+        // ([`Tuning::copyin_gather_bytes`]).
         //
         // A broadcast's root stages once and every other rank copies out
         // once, where a chain passes each byte through every rank: 4 ranks
@@ -310,7 +312,7 @@ impl Algorithm for CopyIn {
         match spec.kind {
             Kind::AllToAll => n > 2 && spec.bytes().saturating_mul(n) >= tuning.copyin_bytes,
             Kind::AllGather => {
-                n > 1 && spec.bytes().saturating_mul(n) >= tuning.copyin_gather_bytes()
+                n > 1 && spec.bytes().saturating_mul(n) >= tuning.copyin_gather_bytes(n)
             }
             Kind::Broadcast => n > 2 && spec.bytes() >= tuning.copyin_bytes,
             _ => n > 1 && spec.bytes() >= tuning.copyin_bytes,

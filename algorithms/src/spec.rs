@@ -231,14 +231,34 @@ pub struct Tuning {
     pub oneshot_bytes: usize,
     /// Smallest all_reduce (bytes per rank) for the copy-in algorithm.
     pub copyin_bytes: usize,
+    /// Whether the kernel's copy between processes pays on this host, so
+    /// that calls [`CollSpec::plain_reads`] allows prefer the single copy
+    /// at its sizes: the ranks' agreement at creation (timed there, or
+    /// forced by `OXCCL_CMA=on`). Without it the single copy runs only
+    /// when forced by name.
+    pub single_copy: bool,
+    /// The least last-level cache (bytes) among the ranks, as they
+    /// reported it at bootstrap (every rank sees the same table).
+    pub host_cache: Option<usize>,
 }
 
 impl Tuning {
-    /// Smallest all_gather output (bytes) for the copy-in algorithm: its
-    /// all_reduce threshold four times over (docs/PERFORMANCE.md, tenth
-    /// round; below it the ring, or on 2 ranks the single copy).
-    pub fn copyin_gather_bytes(&self) -> usize {
-        self.copyin_bytes.saturating_mul(4)
+    /// Smallest all_gather output (bytes) for the copy-in algorithm on
+    /// `nranks` ranks: its all_reduce threshold four times over
+    /// (docs/PERFORMANCE.md, tenth round; below it the ring, or on 2 ranks
+    /// the single copy), and on 2 ranks at least half the host's cache.
+    /// Two ranks' ring holds its own hand-offs in a cache that holds the
+    /// outputs: with 8 MiB the copy-in led from 4 MiB of output (0.48x the
+    /// ring's time), with 32 MiB the ring led at 4 MiB (0.41-0.85x the
+    /// copy-in's), was level at 8 and behind from 16 (fifteenth round).
+    /// Four ranks on two cores: the copy-in led from 2 MiB with either
+    /// cache.
+    pub fn copyin_gather_bytes(&self, nranks: usize) -> usize {
+        let least = self.copyin_bytes.saturating_mul(4);
+        match (nranks, self.host_cache) {
+            (2, Some(cache)) => least.max(cache / 2),
+            _ => least,
+        }
     }
 }
 
@@ -247,6 +267,8 @@ impl Default for Tuning {
         Tuning {
             oneshot_bytes: 16 << 10,
             copyin_bytes: 1 << 20,
+            single_copy: true,
+            host_cache: None,
         }
     }
 }

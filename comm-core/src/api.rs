@@ -177,7 +177,8 @@ pub(crate) fn run_coll(
         shared,
         plain_reads,
     };
-    let plan = st.schedule(&spec, staged, inner.config.algo.as_deref(), &inner.tuning())?;
+    let tuning = inner.tuning(st.single_copy_pays);
+    let plan = st.schedule(&spec, staged, inner.config.algo.as_deref(), &tuning)?;
     inner.last_algorithm.store(
         plan.index.wrapping_add(1),
         std::sync::atomic::Ordering::Relaxed,

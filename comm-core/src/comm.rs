@@ -12,9 +12,10 @@
 
 use crate::bootstrap::{self, Control, ControlSender};
 use crate::call::Fingerprint;
-use crate::config::Config;
+use crate::config::{Config, CrossMemory};
 use crate::control::failure;
 use crate::control::notice::Notice;
+use crate::cross_memory;
 use crate::error::{Error, Result};
 use crate::executor::{self, CallCtx, DirectCtx, Net, PlainReads, SyncFlags};
 use crate::handshake::Secret;
@@ -135,6 +136,9 @@ pub(crate) struct State {
     /// buffers through the kernel (cross-memory attach): agreed when the
     /// host pages were mapped.
     pub(crate) plain_reads: Option<Vec<u32>>,
+    /// Whether those copies pay here, so that calls prefer them at the
+    /// single copy's sizes: agreed with `plain_reads` ([`crate::cross_memory`]).
+    pub(crate) single_copy_pays: bool,
     /// Every rank's small page, when all ranks share this host
     /// ([`executor::small`]).
     pub(crate) small: Option<executor::small::SmallPages>,
@@ -597,6 +601,7 @@ impl Communicator {
                     staging: None,
                     copyin_memory: 0,
                     plain_reads: None,
+                    single_copy_pays: false,
                     small: None,
                     shared_allocs: 0,
                     shared: Vec::new(),
@@ -706,8 +711,8 @@ impl Communicator {
         // Where peers may probe cross-memory reads: this rank's flag page
         // in its own process (0: it does not want its buffers read).
         let probe_at = match self.inner.config.cross_memory {
-            true => own[1].region().addr as u64,
-            false => 0,
+            CrossMemory::Off => 0,
+            CrossMemory::Auto | CrossMemory::On => own[1].region().addr as u64,
         };
         rec.extend_from_slice(&probe_at.to_le_bytes());
         let mut all = vec![0u8; PAGES_RECORD * n];
@@ -754,12 +759,23 @@ impl Communicator {
                     }
                     .is_ok()
             });
+        // With the verdict goes how fast this rank found the kernel's
+        // copy (timed only where it can read its peers): whether the
+        // single copy is preferred follows from the same list everywhere.
+        let forced = self.inner.config.cross_memory == CrossMemory::On;
         let mut verdicts = vec![0u8; n];
-        self.all_gather(&[u8::from(reads_ok)], &mut verdicts)?;
-        let plain_reads = verdicts
-            .iter()
-            .all(|v| *v == 1)
+        self.all_gather(&[cross_memory::verdict(reads_ok, forced)], &mut verdicts)?;
+        let plain_reads = cross_memory::reads_allowed(&verdicts)
             .then(|| self.inner.peers.iter().map(|p| p.pid).collect());
+        let single_copy_pays = cross_memory::single_copy_pays(&verdicts);
+        if plain_reads.is_some() {
+            tracing::debug!(
+                rank = me,
+                shares = ?verdicts,
+                single_copy_pays,
+                "oxccl: the kernel's copy against memcpy (per cent; 255 forced)"
+            );
+        }
         let (shared_own, flag_own, small_own) = (own.pop(), own.pop(), own.pop());
         let (shared_peers, flag_peers, small_peers) = (peers.pop(), peers.pop(), peers.pop());
         let shared = SharedMaps {
@@ -788,6 +804,7 @@ impl Communicator {
             st.staging = Some(shared);
             st.copyin_memory = copyin;
             st.plain_reads = plain_reads;
+            st.single_copy_pays = single_copy_pays;
             st.seq = 0;
             inner_flight.forget();
             Ok(())
@@ -1705,9 +1722,13 @@ impl Inner {
     }
 
     /// The knobs of automatic algorithm choice.
-    pub(crate) fn tuning(&self) -> Tuning {
+    /// The knobs of automatic choice: the configured ones, and whether the
+    /// single copy pays (the ranks' agreement, `State::single_copy_pays`).
+    pub(crate) fn tuning(&self, single_copy: bool) -> Tuning {
         Tuning {
             oneshot_bytes: self.config.oneshot_bytes,
+            single_copy,
+            host_cache: self.peers.iter().filter_map(|p| p.llc).min(),
             ..Tuning::default()
         }
     }

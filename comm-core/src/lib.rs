@@ -22,6 +22,7 @@ pub mod comm;
 pub mod compute;
 pub mod config;
 pub mod control;
+mod cross_memory;
 pub mod error;
 pub mod exec;
 pub mod flight;
@@ -45,7 +46,7 @@ pub use transport::{door, net};
 
 pub use comm::Communicator;
 pub use compute::{Compute, HostCompute};
-pub use config::Config;
+pub use config::{Config, CrossMemory};
 pub use error::{Error, Result};
 pub use group::Group;
 pub use id::UniqueId;

@@ -26,9 +26,9 @@ pub use comm_core::call::{Fingerprint, Kind};
 pub use comm_core::env::{launch_env, LaunchEnv, RootSpec};
 pub use comm_core::{algorithms, compute, flight, schedule, sim, trace, transport};
 pub use comm_core::{
-    as_bytes, as_bytes_mut, bf16, f16, Buffer, BufferMut, Compute, Config, DataType, DeviceKind,
-    DeviceSharedBuffer, Element, Error, Group, HostCompute, MemoryRegistration, MemorySpace,
-    PeerInfo, ReduceOp, Region, Result, SharedBuffer, UniqueId, Work,
+    as_bytes, as_bytes_mut, bf16, f16, Buffer, BufferMut, Compute, Config, CrossMemory, DataType,
+    DeviceKind, DeviceSharedBuffer, Element, Error, Group, HostCompute, MemoryRegistration,
+    MemorySpace, PeerInfo, ReduceOp, Region, Result, SharedBuffer, UniqueId, Work,
 };
 
 /// The engine's communicator type, without this crate's constructors

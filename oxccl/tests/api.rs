@@ -4,6 +4,7 @@
 mod common;
 use common::*;
 use oxccl::prelude::*;
+use oxccl::CrossMemory;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -991,10 +992,15 @@ fn large_plain_all_to_alls_on_one_host_copy_once_by_the_kernel_or_in_through_sha
     // (cross-memory attach), unless `OXCCL_CMA=off`; in place, and with it
     // off, the blocks go through shared memory. 2 ranks keep the pairwise
     // exchange but for the single copy out of place from 1 MiB.
+    // (`OXCCL_CMA=on`: chosen by size alone, whatever this host's kernel
+    // copy timed at creation.)
     for (n, cross_memory) in [(2, true), (2, false), (3, true), (4, true), (4, false)] {
         let cfg = Config {
             copyin_memory: Some(8 << 20),
-            cross_memory,
+            cross_memory: match cross_memory {
+                true => CrossMemory::On,
+                false => CrossMemory::Off,
+            },
             ..test_config()
         };
         let took = with_ranks(n, cfg.clone(), move |c| {
@@ -1056,7 +1062,7 @@ fn copy_in_staging_written_streamed_or_cached_holds_the_same_bytes() {
         let cfg = move |r: usize| Config {
             copyin_memory: Some(256 << 10),
             algo: Some("copyin".into()),
-            cross_memory: false,
+            cross_memory: CrossMemory::Off,
             stage_writes: modes[r],
             ..test_config()
         };
@@ -1314,7 +1320,10 @@ fn the_single_copy_needs_every_rank_to_agree() {
         let took = with_rank_configs(
             3,
             |r| Config {
-                cross_memory: r != odd,
+                cross_memory: match r == odd {
+                    true => CrossMemory::Off,
+                    false => CrossMemory::On,
+                },
                 ..test_config()
             },
             |c| {
@@ -1334,5 +1343,42 @@ fn the_single_copy_needs_every_rank_to_agree() {
             },
         );
         assert_eq!(took, vec![Some("copyin"); 3], "rank {odd} opted out");
+    }
+    // Ranks that time the kernel's copy (`auto`) beside ones that force it
+    // (`on`) still decide alike, whichever way this host's timings fall:
+    // every rank reads the same list of shares.
+    for on in [[false, true, false], [true, false, true], [false; 3]] {
+        let took = with_rank_configs(
+            3,
+            |r| Config {
+                cross_memory: match on[r] {
+                    true => CrossMemory::On,
+                    false => CrossMemory::Auto,
+                },
+                ..test_config()
+            },
+            |c| {
+                let count = 100_000;
+                let input: Vec<f32> = (0..3 * count)
+                    .map(|i| (c.rank() * 1_000_000 + i) as f32)
+                    .collect();
+                let mut out = vec![f32::NAN; 3 * count];
+                c.all_to_all(&input, &mut out).unwrap();
+                for k in 0..3 {
+                    assert_eq!(
+                        out[k * count + 7],
+                        (k * 1_000_000 + c.rank() * count + 7) as f32
+                    );
+                }
+                c.last_algorithm()
+            },
+        );
+        assert!(
+            took.iter().all(|t| *t == took[0]) && took[0].is_some(),
+            "{on:?}: {took:?}"
+        );
+        if on.iter().filter(|o| **o).count() >= 2 {
+            assert_eq!(took[0], Some("singlecopy"), "{on:?}: the median is forced");
+        }
     }
 }

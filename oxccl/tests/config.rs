@@ -77,7 +77,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_REQUIRE_NCCL_H", &["2"]),
         ("OXCCL_STAGE_WRITES", &["always", "1"]),
         ("OXCCL_STAGING", &["never"]),
-        ("OXCCL_CMA", &["on", "0"]),
+        ("OXCCL_CMA", &["yes", "0"]),
         ("OXCCL_FLIGHT_CALLS", &["-1", "x", "2000000"]),
         ("OXCCL_TRACE_MAX_EVENTS", &["-1", "1e9", "99999999999"]),
         (
@@ -117,6 +117,7 @@ fn every_bad_value_is_an_error_naming_its_variable() {
         ("OXCCL_SOCKET_BUFFER", "64K"),
         ("OXCCL_KERNEL_ISA", "AVX2"),
         ("OXCCL_DEBUG", "info"),
+        ("OXCCL_CMA", "on"),
     ]);
     assert!(
         out.status.success(),

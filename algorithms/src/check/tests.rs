@@ -134,6 +134,26 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
         ..placed(2)
     };
     assert_eq!(choose(&small, None, &t).unwrap().name(), "oneshot");
+    // A 2-rank all_gather copies in from half the host's cache (at least
+    // the copy-in's 4 MiB of output); 4 ranks from the 4 MiB alone.
+    let gather = |n: usize, out: usize, cache: Option<usize>| {
+        let s = CollSpec {
+            shared: 1 << 20,
+            ..CollSpec::new(Kind::AllGather, 0, n, out / n / 4)
+        };
+        let t = Tuning {
+            host_cache: cache,
+            ..t
+        };
+        choose(&s, None, &t).unwrap().name()
+    };
+    assert_eq!(gather(2, 4 << 20, None), "copyin");
+    assert_eq!(gather(2, 4 << 20, Some(8 << 20)), "copyin");
+    assert_eq!(gather(2, 2 << 20, Some(8 << 20)), "ring");
+    assert_eq!(gather(2, 4 << 20, Some(32 << 20)), "ring");
+    assert_eq!(gather(2, 8 << 20, Some(32 << 20)), "ring");
+    assert_eq!(gather(2, 16 << 20, Some(32 << 20)), "copyin");
+    assert_eq!(gather(4, 4 << 20, Some(32 << 20)), "copyin");
     // Forcing an algorithm that cannot run a call leaves it to the registry.
     let b = CollSpec::new(Kind::Broadcast, 0, 4, 1000);
     assert_eq!(choose(&b, Some("oneshot"), &t).unwrap().name(), "chain");

@@ -73,13 +73,14 @@ pub struct Config {
     /// (`streamed`) always, `Some(false)` (`cached`) never. Ranks need not
     /// agree: a piece holds the same bytes either way.
     pub stage_writes: Option<bool>,
-    /// Let the ranks of one host copy from each other's plain buffers
-    /// through the kernel (cross-memory attach, `process_vm_readv`) where it
-    /// lets them, so that a large all_to_all moves each byte once
-    /// (`OXCCL_CMA`: `auto`, the default, or `off`). Ranks need not agree:
-    /// at creation they probe each other and use it only if every rank
-    /// wants it and every probe succeeds.
-    pub cross_memory: bool,
+    /// Whether the ranks of one host copy from each other's plain buffers
+    /// through the kernel (cross-memory attach, `process_vm_readv`) where
+    /// it lets them, so that a large all_to_all moves each byte once
+    /// (`OXCCL_CMA`, default `auto`). Ranks need not agree: at creation
+    /// they probe each other, use it only if every rank wants it and every
+    /// probe succeeds, and prefer it only where their timings say it pays
+    /// (see [`CrossMemory`]).
+    pub cross_memory: CrossMemory,
     /// The tuner's cost model (`OXCCL_TUNER_PROFILE`: a profile file in
     /// `oxccl-sim`'s format, e.g. written by `scripts/sim-validate`). With
     /// one, a call no algorithm is forced for runs the algorithm
@@ -126,6 +127,22 @@ pub fn automatic_chunk(caches: &[Option<usize>]) -> usize {
         .clamp(64 << 10, DEFAULT_CHUNK_BYTES)
 }
 
+/// Copies between the plain buffers of one host's ranks by the kernel
+/// ([`Config::cross_memory`], `OXCCL_CMA`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CrossMemory {
+    /// Never: this rank's buffers are not offered to its peers, so no
+    /// rank of the communicator uses the kernel's copy.
+    Off,
+    /// Where the kernel allows it, chosen only where it pays: each rank
+    /// times the kernel's copy against a plain one at creation, and the
+    /// ranks prefer the single copy when their median share reaches half
+    /// (`cross_memory.rs`).
+    Auto,
+    /// Where the kernel allows it, chosen by size alone (no timing).
+    On,
+}
+
 impl Default for Config {
     fn default() -> Config {
         Config {
@@ -143,7 +160,7 @@ impl Default for Config {
             copyin_memory: None,
             stage_always: false,
             stage_writes: None,
-            cross_memory: true,
+            cross_memory: CrossMemory::Auto,
             tuner: None,
             flight_calls: crate::flight::DEFAULT_CALLS,
             flight_dir: None,
@@ -189,7 +206,11 @@ impl Config {
             Some("cached") => Some(false),
             _ => None,
         };
-        c.cross_memory = vars::choice("OXCCL_CMA")? != Some("off");
+        c.cross_memory = match vars::choice("OXCCL_CMA")? {
+            Some("off") => CrossMemory::Off,
+            Some("on") => CrossMemory::On,
+            _ => CrossMemory::Auto,
+        };
         if let Some(p) = vars::text("OXCCL_TUNER_PROFILE")? {
             c.tuner = Some(vars::profile("OXCCL_TUNER_PROFILE", &p)?);
         }

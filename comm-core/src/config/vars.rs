@@ -76,8 +76,8 @@ pub const VARS: &[Var] = &[
     },
     Var {
         name: "OXCCL_CMA",
-        kind: Kind::Choice(&["auto", "off"]),
-        what: "copies between the plain buffers of one host's ranks by the kernel (cross-memory attach): auto (where the kernel allows), off",
+        kind: Kind::Choice(&["auto", "on", "off"]),
+        what: "copies between the plain buffers of one host's ranks by the kernel (cross-memory attach): auto (where the kernel allows it and a timing at init says it pays), on (where allowed, untimed), off",
     },
     Var {
         name: "OXCCL_CONNECT_TIMEOUT",
