@@ -1045,23 +1045,27 @@ fn large_plain_all_to_alls_on_one_host_copy_once_by_the_kernel_or_in_through_sha
 }
 
 #[test]
-fn copy_in_staging_written_streamed_or_cached_holds_the_same_bytes() {
+fn staging_written_streamed_or_cached_holds_the_same_bytes() {
     // Every copy-in collective on 3 ranks (pieces of 21 845 f32 per rank
     // in 256 KiB of shared memory: several pieces and a ragged last one),
-    // its staging writes forced streamed (non-temporal stores) on every
-    // rank, forced cached, and one rank each way under the gauge (`auto`):
-    // exact results every time. The gauge streams only where pieces cross
-    // between caches, which a test cannot arrange; forcing reaches the
-    // same writes.
+    // and the ring's all_reduce and all_gather over shared-memory links
+    // (their ring buffers are staging too), with staging writes forced
+    // streamed (non-temporal stores) on every rank, forced cached, and one
+    // rank each way under the gauge (`auto`): exact results every time.
+    // The gauge streams only where pieces cross between caches, which a
+    // test cannot arrange; forcing reaches the same writes.
     let n = 3;
-    for modes in [
-        [Some(true); 3],
-        [Some(false); 3],
-        [Some(true), None, Some(false)],
-    ] {
+    for (algo, modes) in ["copyin", "ring"].into_iter().flat_map(|a| {
+        [
+            [Some(true); 3],
+            [Some(false); 3],
+            [Some(true), None, Some(false)],
+        ]
+        .map(|m| (a, m))
+    }) {
         let cfg = move |r: usize| Config {
             copyin_memory: Some(256 << 10),
-            algo: Some("copyin".into()),
+            algo: Some(algo.into()),
             cross_memory: CrossMemory::Off,
             stage_writes: modes[r],
             ..test_config()
@@ -1079,7 +1083,7 @@ fn copy_in_staging_written_streamed_or_cached_holds_the_same_bytes() {
                     assert_eq!(
                         *v,
                         3.0 * (i % 13) as f32 + 12.0,
-                        "all_reduce {i} rank {r} {modes:?}"
+                        "all_reduce {i} rank {r} {algo} {modes:?}"
                     );
                 }
             }
@@ -1091,7 +1095,7 @@ fn copy_in_staging_written_streamed_or_cached_holds_the_same_bytes() {
                 assert_eq!(
                     *v,
                     ((j % 13) + 4 * k) as f32,
-                    "all_gather {i} rank {r} {modes:?}"
+                    "all_gather {i} rank {r} {algo} {modes:?}"
                 );
             }
             took.push(c.last_algorithm());
@@ -1120,7 +1124,10 @@ fn copy_in_staging_written_streamed_or_cached_holds_the_same_bytes() {
             took
         });
         for t in took {
-            assert_eq!(t, vec![Some("copyin"); 4], "{modes:?}");
+            match algo {
+                "copyin" => assert_eq!(t, vec![Some("copyin"); 4], "{modes:?}"),
+                _ => assert_eq!(t[..2], [Some("ring"); 2], "{modes:?}"),
+            }
         }
     }
 }

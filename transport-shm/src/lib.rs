@@ -252,6 +252,8 @@ pub struct ShmLink {
     closed: bool,
     /// The peer's socket hung up: its process ended or closed the link.
     peer_gone: bool,
+    /// Writes stream past the cache (`Link::stream_writes`).
+    streamed: bool,
 }
 
 impl ShmLink {
@@ -298,6 +300,7 @@ impl ShmLink {
             epoll,
             closed: false,
             peer_gone: false,
+            streamed: false,
         })
     }
 }
@@ -311,7 +314,7 @@ impl Link for ShmLink {
         if self.closed || self.peer_gone {
             return Err(ErrorKind::ConnectionReset.into());
         }
-        let (n, wake) = self.out.write(bufs);
+        let (n, wake) = self.out.write(bufs, self.streamed);
         if wake {
             sys::signal(self.out_data.as_raw_fd());
         }
@@ -337,6 +340,14 @@ impl Link for ShmLink {
         } else {
             Err(ErrorKind::WouldBlock.into())
         }
+    }
+
+    fn copies_through_memory(&self) -> bool {
+        true
+    }
+
+    fn stream_writes(&mut self, streamed: bool) {
+        self.streamed = streamed;
     }
 
     fn arm(&mut self, _stream: usize, read: bool, write: bool) -> bool {

@@ -20,6 +20,10 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 /// Bytes of a ring header.
 pub const HEADER: usize = 128;
 
+/// The least piece a streamed write streams (below it non-temporal stores
+/// gain nothing over the cache, and `copy_streaming` copies plainly).
+const STREAM_PIECE: usize = 4096;
+
 /// One ring inside a mapping: `base` points at its header, `data` at its
 /// `cap` bytes of payload.
 pub struct Ring {
@@ -62,9 +66,12 @@ impl Ring {
         unsafe { &*(self.base.add(72) as *const AtomicU32) }
     }
 
-    /// Producer: copy as much of `bufs` as fits. Returns (bytes written,
-    /// whether the consumer asked to be woken).
-    pub fn write(&self, bufs: &[IoSlice<'_>]) -> (usize, bool) {
+    /// Producer: copy as much of `bufs` as fits, through the cache or,
+    /// with `streamed`, past it for pieces of a page or more (the consumer
+    /// reads the same bytes; the streamed copy fences its stores before
+    /// `head` is published). Returns (bytes written, whether the consumer
+    /// asked to be woken).
+    pub fn write(&self, bufs: &[IoSlice<'_>], streamed: bool) -> (usize, bool) {
         let head = self.head().load(Ordering::Relaxed);
         let tail = self.tail().load(Ordering::Acquire);
         let mut free = self.cap - (head - tail) as usize;
@@ -76,7 +83,12 @@ impl Ring {
                 let n = src.len().min(free).min(self.cap - off);
                 // SAFETY: [off, off+n) lies in the data area and belongs to the
                 // producer until `head` is published (the consumer reads < head).
-                unsafe { kernels::copy::copy_cached(self.data.add(off), src.as_ptr(), n) };
+                unsafe {
+                    match streamed && n >= STREAM_PIECE {
+                        true => kernels::copy::copy_streaming(self.data.add(off), src.as_ptr(), n),
+                        false => kernels::copy::copy_cached(self.data.add(off), src.as_ptr(), n),
+                    }
+                };
                 src = &src[n..];
                 free -= n;
                 pos += n as u64;
@@ -169,7 +181,8 @@ mod tests {
                     next_in
                 })
                 .collect();
-            let (n, _) = r.write(&[IoSlice::new(&src)]);
+            // Streamed and cached writes alternate: the same bytes arrive.
+            let (n, _) = r.write(&[IoSlice::new(&src)], round % 2 == 1);
             next_in = next_in.wrapping_sub((len - n) as u8);
             let mut dst = vec![0u8; 700];
             let (m, _) = r.read(&mut [IoSliceMut::new(&mut dst)]);
@@ -179,5 +192,30 @@ mod tests {
             }
         }
         assert!(!r.reader_sleep() || r.read(&mut [IoSliceMut::new(&mut [0u8; 2000])]).0 > 0);
+    }
+
+    #[test]
+    fn streamed_and_cached_pieces_arrive_alike_across_wraparound() {
+        // Pieces of pages and more (streamed where asked), split by the
+        // wrap at odd offsets, read back in other sizes.
+        let cap = 3 * 65536 + 40;
+        let mut mem = vec![0u64; (HEADER + cap) / 8 + 1];
+        // SAFETY: a zeroed local buffer, used by this one thread as both ends.
+        let r = unsafe { Ring::new(mem.as_mut_ptr() as *mut u8, cap) };
+        let (mut sent, mut got) = (0u64, 0u64);
+        let byte = |i: u64| (i * 7 + i / 251) as u8;
+        for round in 0..200u64 {
+            let len = 4096 + ((round * 9973) % 60000) as usize;
+            let src: Vec<u8> = (sent..sent + len as u64).map(byte).collect();
+            let (n, _) = r.write(&[IoSlice::new(&src)], round % 3 != 0);
+            sent += n as u64;
+            let mut dst = vec![0u8; 50000];
+            let (m, _) = r.read(&mut [IoSliceMut::new(&mut dst)]);
+            for b in &dst[..m] {
+                assert_eq!(*b, byte(got), "byte {got}");
+                got += 1;
+            }
+        }
+        assert!(got > 4 * cap as u64, "{got}");
     }
 }

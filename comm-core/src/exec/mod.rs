@@ -313,14 +313,20 @@ fn execute_with(
             _ => false,
         }
     });
-    // Staging writes stream while this rank's gauge finds staged pieces
-    // crossing between caches (`handoff`), unless `OXCCL_STAGE_WRITES`
-    // forces either way; a probe call measures.
-    let (probe, stage_streams) = match (sched.shared > 0, cx.stage_writes) {
-        (false, _) => (false, false),
-        (true, Some(forced)) => (false, forced),
-        (true, None) => (handoff::Handoff::probing(cx.seq), w.handoff.streams(cx.seq)),
+    // Staging writes — into the copy-in's shared memory and into the rings
+    // of links that copy through memory — stream while this rank's gauge
+    // finds staged pieces crossing between caches (`handoff`), unless
+    // `OXCCL_STAGE_WRITES` forces either way; a probe call measures (on
+    // every rank at once: the call numbers are shared).
+    let (probe, stage_streams) = match cx.stage_writes {
+        Some(forced) => (false, forced),
+        None => (handoff::Handoff::probing(cx.seq), w.handoff.streams(cx.seq)),
     };
+    for link in net.links.iter_mut().flatten() {
+        if link.copies_through_memory() {
+            link.stream_writes(stage_streams);
+        }
+    }
     // Which copies stream (`final_copy`): a local copy (`local`) may also
     // move the own input, unless peers read this rank's output during the
     // call, and then none of its local copies into it stream.
@@ -846,8 +852,9 @@ fn execute_with(
                 // SAFETY: the span was bounds-checked by `mem`; the caller keeps the
                 // buffer alive and unmodified for the call.
                 let payload = unsafe { std::slice::from_raw_parts(p, n) };
+                let link = net.links[ch.peer].as_mut().unwrap();
+                let t0 = (probe && link.copies_through_memory()).then(crate::sys::Stamp::now);
                 let r = {
-                    let link = net.links[ch.peer].as_mut().unwrap();
                     if ch.s_off < HEADER_LEN {
                         link.write(
                             ch.stream,
@@ -862,6 +869,9 @@ fn execute_with(
                 };
                 match r {
                     Ok(k) => {
+                        if let Some(t0) = t0.filter(|_| k > 0) {
+                            handoff.wrote(k, crate::sys::Stamp::now().ns_since(t0));
+                        }
                         ch.s_off += k;
                         progressed |= k > 0;
                         if ch.s_off == HEADER_LEN + n {
@@ -909,8 +919,9 @@ fn execute_with(
                 // SAFETY: `target` has at least n bytes (destination span checked by
                 // `mem`, or the staging slot sized above) and nothing else aliases it now.
                 let payload = unsafe { std::slice::from_raw_parts_mut(target, n) };
+                let link = net.links[ch.peer].as_mut().unwrap();
+                let t0 = (probe && link.copies_through_memory()).then(crate::sys::Stamp::now);
                 let r = {
-                    let link = net.links[ch.peer].as_mut().unwrap();
                     if ch.r_off < HEADER_LEN {
                         let (h, _) = ch.r_hdr.split_at_mut(HEADER_LEN);
                         link.read(
@@ -936,6 +947,9 @@ fn execute_with(
                         ));
                     }
                     Ok(k) => {
+                        if let Some(t0) = t0.filter(|_| k > 0) {
+                            handoff.read(k, crate::sys::Stamp::now().ns_since(t0));
+                        }
                         let before = ch.r_off;
                         ch.r_off += k;
                         progressed |= k > 0;

@@ -218,6 +218,21 @@ pub trait Link: Send {
         let _ = (stream, read, write);
         false
     }
+    /// Whether [`Link::write`] copies into memory the peer's core reads
+    /// next (a shared-memory ring), so that the executor's gauge of
+    /// hand-offs between cores (`exec/handoff.rs`) times this link's copies
+    /// and may have its writes stream past the cache
+    /// ([`Link::stream_writes`]). Default: no (a socket, RDMA).
+    fn copies_through_memory(&self) -> bool {
+        false
+    }
+    /// Write large pieces with non-temporal stores (`true`) or through
+    /// the cache (`false`, the default) from the next write on: the peer
+    /// reads the same bytes either way. Called only where
+    /// [`Link::copies_through_memory`].
+    fn stream_writes(&mut self, streamed: bool) {
+        let _ = streamed;
+    }
     /// Close every stream (both directions); later calls fail.
     fn close(&mut self);
 }
