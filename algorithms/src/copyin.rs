@@ -307,14 +307,15 @@ impl Algorithm for CopyIn {
         // once, where a chain passes each byte through every rank: 4 ranks
         // 0.91 / 0.84 at 1 MiB, 0.44-0.60 from 4 MiB. On 2 ranks the chain
         // is that one hand-off already, pipelined in smaller chunks (copy-in
-        // 1.09-1.84 up to 8 MiB, 0.87-1.01 above).
+        // 1.09-1.84 up to 8 MiB, 0.87-1.01 above). With a larger cache the
+        // tree leads further ([`Tuning::copyin_broadcast_bytes`]).
         let n = spec.nranks;
         match spec.kind {
             Kind::AllToAll => n > 2 && spec.bytes().saturating_mul(n) >= tuning.copyin_bytes,
             Kind::AllGather => {
                 n > 1 && spec.bytes().saturating_mul(n) >= tuning.copyin_gather_bytes(n)
             }
-            Kind::Broadcast => n > 2 && spec.bytes() >= tuning.copyin_bytes,
+            Kind::Broadcast => n > 2 && spec.bytes() >= tuning.copyin_broadcast_bytes(n),
             _ => n > 1 && spec.bytes() >= tuning.copyin_bytes,
         }
     }

@@ -260,6 +260,22 @@ impl Tuning {
             _ => least,
         }
     }
+
+    /// Smallest broadcast (bytes) for the copy-in algorithm on `nranks`
+    /// ranks (3 or more): its all_reduce threshold, and at least what
+    /// fills the host's cache with every rank's copy. Below it the tree
+    /// and the chain hand each piece on while it is cached; above, the
+    /// copy-in's single staging wins. 4 ranks, in place: with 8 MiB of
+    /// cache the copy-in took 0.84-0.91x the chain's time at 1 MiB and
+    /// 0.44-0.51x at 4 (tenth round); with 32 MiB the tree took 0.3-0.4x
+    /// the copy-in's at 1 MiB, 0.6-0.8x at 4, and the copy-in led from 8
+    /// (fifteenth round).
+    pub fn copyin_broadcast_bytes(&self, nranks: usize) -> usize {
+        match self.host_cache {
+            Some(cache) => self.copyin_bytes.max(cache / nranks.max(1)),
+            None => self.copyin_bytes,
+        }
+    }
 }
 
 impl Default for Tuning {

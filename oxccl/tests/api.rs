@@ -1140,7 +1140,8 @@ fn large_plain_all_gathers_and_broadcasts_on_one_host_copy_in_through_shared_mem
     // (non-roots pass no input), back to back so each call reuses the
     // shared memory the last one's readers left. The smallest calls keep
     // the rings (an all_gather below 4 MiB of output, a broadcast below 1
-    // MiB), and 2-rank broadcasts keep the chain.
+    // MiB or below a third of the host's cache), and 2-rank broadcasts
+    // keep the chain.
     let cfg = Config {
         copyin_memory: Some(8 << 20),
         ..test_config()
@@ -1173,7 +1174,8 @@ fn large_plain_all_gathers_and_broadcasts_on_one_host_copy_in_through_shared_mem
             took.push(("all_gather", count, c.last_algorithm()));
         }
         for (count, in_place, root) in [
-            (1_000_003usize, false, 0),
+            (3_000_001usize, false, 2),
+            (1_000_003, false, 0),
             (700_001, true, 2),
             (349_526, false, 1),
             (200_000, true, 1),
@@ -1201,13 +1203,16 @@ fn large_plain_all_gathers_and_broadcasts_on_one_host_copy_in_through_shared_mem
             );
             took.push(("broadcast", count, c.last_algorithm()));
         }
-        took
+        let cache = c.peers().iter().filter_map(|p| p.llc).min();
+        (took, cache)
     });
-    for t in took {
+    for (t, cache) in took {
         for (kind, count, alg) in t {
+            // A broadcast copies in from 1 MiB, and from where every
+            // rank's copy fills the least cache if that is more.
             let big = match kind {
                 "all_gather" => n * count * 4 >= 4 << 20,
-                _ => count * 4 >= 1 << 20,
+                _ => count * 4 >= cache.map_or(0, |c| c / n).max(1 << 20),
             };
             assert_eq!(alg == Some("copyin"), big, "{kind} of {count}: {alg:?}");
         }

@@ -154,6 +154,26 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     assert_eq!(gather(2, 8 << 20, Some(32 << 20)), "ring");
     assert_eq!(gather(2, 16 << 20, Some(32 << 20)), "copyin");
     assert_eq!(gather(4, 4 << 20, Some(32 << 20)), "copyin");
+    // A broadcast on 3 or more ranks copies in once every rank's copy
+    // fills the host's cache (at least from 1 MiB).
+    let bcast = |n: usize, bytes: usize, cache: Option<usize>| {
+        let s = CollSpec {
+            shared: 1 << 20,
+            ..CollSpec::new(Kind::Broadcast, 0, n, bytes / 4)
+        };
+        let t = Tuning {
+            host_cache: cache,
+            ..t
+        };
+        choose(&s, None, &t).unwrap().name()
+    };
+    assert_eq!(bcast(4, 1 << 20, None), "copyin");
+    assert_eq!(bcast(4, 1 << 20, Some(4 << 20)), "copyin");
+    assert_ne!(bcast(4, 1 << 20, Some(8 << 20)), "copyin");
+    assert_eq!(bcast(4, 2 << 20, Some(8 << 20)), "copyin");
+    assert_ne!(bcast(4, 4 << 20, Some(32 << 20)), "copyin");
+    assert_eq!(bcast(4, 8 << 20, Some(32 << 20)), "copyin");
+    assert_ne!(bcast(2, 64 << 20, Some(32 << 20)), "copyin");
     // Forcing an algorithm that cannot run a call leaves it to the registry.
     let b = CollSpec::new(Kind::Broadcast, 0, 4, 1000);
     assert_eq!(choose(&b, Some("oneshot"), &t).unwrap().name(), "chain");

@@ -66,7 +66,8 @@ pub struct Config {
     /// memory are (`OXCCL_STAGING=always`; default `auto`: only those).
     /// Ranks need not agree: staging changes no message.
     pub stage_always: bool,
-    /// How a copy-in schedule writes its shared staging
+    /// How a copy-in schedule writes its shared staging, and a link that
+    /// copies through memory (shared memory) its ring buffers
     /// (`OXCCL_STAGE_WRITES`): `None` (`auto`, the default) streams them
     /// past the cache only while this rank finds its peers' pieces
     /// crossing between caches (`exec/handoff.rs`); `Some(true)`

@@ -272,7 +272,7 @@ pub const VARS: &[Var] = &[
     Var {
         name: "OXCCL_STAGE_WRITES",
         kind: Kind::Choice(&["auto", "cached", "streamed"]),
-        what: "how copy-in schedules write their shared staging: auto (streamed while peers' pieces cross between caches), cached, streamed",
+        what: "how copy-in schedules write their shared staging and shm links their rings: auto (streamed while peers' pieces cross between caches), cached, streamed",
     },
     Var {
         name: "OXCCL_STAGING",

@@ -1,24 +1,29 @@
 //! Whether a rank's writes into its shared staging memory stream past its
 //! cache, by how fast its peers' staged pieces reach it.
 //!
-//! A copy-in schedule hands every staged piece from the core that wrote
-//! it to the cores that read it. Where the two cores share a last-level
-//! cache that costs about what a local copy does; where they do not (a
+//! Staging here is the copy-in's shared memory and the ring buffers of
+//! links that copy through memory (`Link::copies_through_memory`: the
+//! shared-memory transport, which the rings and chains use): both hand
+//! every piece from the core that wrote it to the core that reads it.
+//! Where the two cores share a last-level cache that costs about what a
+//! local copy does; where they do not (a
 //! guest's vCPUs on two core complexes of the host, a placement that
 //! changes every few seconds on this project's virtual machines) the
 //! reader pulls every line out of the writer's cache, and the writer must
 //! take back lines the other complex read last call: 3-5 times slower.
 //! Streamed (non-temporal) writes send the piece to memory: 5-30 % slower
-//! than a shared cache, 2-2.5 times faster than crossing (docs/
-//! PERFORMANCE.md, fourteenth round).
+//! than a shared cache, 2-2.5 times faster than crossing for the copy-in,
+//! 1.5-3 times for the rings (docs/PERFORMANCE.md, fourteenth and
+//! fifteenth rounds).
 //!
 //! The choice is each rank's own and needs no agreement: a piece written
 //! either way holds the same bytes. Every rank measures on the same calls
 //! (the probes: call numbers every rank shares), on which every rank
 //! writes through its cache: the rate of its copies into its staging
-//! against that of its copies out of its peers' (reductions are not
-//! timed: they move several times the bytes they read from peers). Rates
-//! far apart, either way, mean the pieces crossed between caches; two
+//! (and its links' rings) against that of its copies out of its peers'
+//! (and out of its links' rings; reductions are not timed: they move
+//! several times the bytes they read from peers). Rates far apart,
+//! either way, mean the pieces crossed between caches; two
 //! such probes in a row (one preempted copy is not a placement) and the
 //! rank streams its writes until a probe finds the rates close. The
 //! placement being the same for both directions of a pair, a rank's
