@@ -136,10 +136,11 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     assert_eq!(choose(&small, None, &t).unwrap().name(), "oneshot");
     // A 2-rank all_gather copies in from half the host's cache (at least
     // the copy-in's 4 MiB of output); 4 ranks from the 4 MiB alone.
-    let gather = |n: usize, out: usize, cache: Option<usize>| {
+    // (Shared memory for the copy-in; `cache` the least last-level cache.)
+    let on_host = |kind: Kind, n: usize, count: usize, cache: Option<usize>| {
         let s = CollSpec {
             shared: 1 << 20,
-            ..CollSpec::new(Kind::AllGather, 0, n, out / n / 4)
+            ..CollSpec::new(kind, 0, n, count)
         };
         let t = Tuning {
             host_cache: cache,
@@ -147,6 +148,7 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
         };
         choose(&s, None, &t).unwrap().name()
     };
+    let gather = |n: usize, out: usize, cache| on_host(Kind::AllGather, n, out / n / 4, cache);
     assert_eq!(gather(2, 4 << 20, None), "copyin");
     assert_eq!(gather(2, 4 << 20, Some(8 << 20)), "copyin");
     assert_eq!(gather(2, 2 << 20, Some(8 << 20)), "ring");
@@ -156,17 +158,7 @@ fn every_collective_has_an_algorithm_and_choice_follows_tuning() {
     assert_eq!(gather(4, 4 << 20, Some(32 << 20)), "copyin");
     // A broadcast on 3 or more ranks copies in once every rank's copy
     // fills the host's cache (at least from 1 MiB).
-    let bcast = |n: usize, bytes: usize, cache: Option<usize>| {
-        let s = CollSpec {
-            shared: 1 << 20,
-            ..CollSpec::new(Kind::Broadcast, 0, n, bytes / 4)
-        };
-        let t = Tuning {
-            host_cache: cache,
-            ..t
-        };
-        choose(&s, None, &t).unwrap().name()
-    };
+    let bcast = |n: usize, bytes: usize, cache| on_host(Kind::Broadcast, n, bytes / 4, cache);
     assert_eq!(bcast(4, 1 << 20, None), "copyin");
     assert_eq!(bcast(4, 1 << 20, Some(4 << 20)), "copyin");
     assert_ne!(bcast(4, 1 << 20, Some(8 << 20)), "copyin");
