@@ -73,10 +73,10 @@ impl Algorithm for SingleCopy {
         // a host where it ran at 27 % of memcpy's rate the copy-in was
         // 1.3-2x faster at every size above and the ring 1.2-2x faster
         // for these all-gathers (fifteenth round).
-        let out = spec.bytes().saturating_mul(spec.nranks);
         if !tuning.single_copy {
             return false;
         }
+        let out = spec.bytes().saturating_mul(spec.nranks);
         match spec.kind {
             Kind::AllGather => {
                 spec.nranks == 2

@@ -1721,9 +1721,9 @@ impl Inner {
         }
     }
 
-    /// The knobs of automatic algorithm choice.
-    /// The knobs of automatic choice: the configured ones, and whether the
-    /// single copy pays (the ranks' agreement, `State::single_copy_pays`).
+    /// The knobs of automatic algorithm choice: the configured ones, the
+    /// least cache in the peer table, and whether the single copy pays
+    /// (the ranks' agreement, `State::single_copy_pays`).
     pub(crate) fn tuning(&self, single_copy: bool) -> Tuning {
         Tuning {
             oneshot_bytes: self.config.oneshot_bytes,
