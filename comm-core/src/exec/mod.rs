@@ -303,13 +303,11 @@ fn execute_with(
     // would not stay cached is better streamed past the cache (without
     // reading each line for ownership first).
     let stream_out = cx.direct.as_ref().is_some_and(|d| {
+        // Mapped access (flag pages) puts every rank on this host.
         let host_cache = || cx.peers.iter().filter_map(|p| p.llc).min();
+        let cache = d.flags.as_ref().and_then(|_| host_cache());
         match (bufs.get(INPUT as usize), bufs.get(OUTPUT as usize)) {
-            // Mapped access (flag pages) puts every rank on this host.
-            (Some(i), Some(o)) => {
-                o.len >= kernels::copy::STREAM_MIN
-                    || (d.flags.is_some() && outgrows_cache(i, o, cx.nranks, host_cache()))
-            }
+            (Some(i), Some(o)) => streams_output(i, o, cx.nranks, cache),
             _ => false,
         }
     });
@@ -1083,6 +1081,23 @@ fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
     dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
 }
 
+/// Whether a phased call's final copies into `output` stream past the
+/// cache: where its ranks share one host whose last-level cache is known
+/// (the least, `cache`), when their buffers together outgrow it; else
+/// from [`kernels::copy::STREAM_MIN`] of output. Until the fifteenth
+/// round that 4 MiB floor held everywhere, which an 8 MiB cache implies
+/// anyway; with 32 MiB it streamed in-place calls whose output had just
+/// been read into the cache: in place, 2-rank copy-in all_reduces of 4
+/// and 8 MiB took 0.45-0.55x the time cached, the 4-rank 4 MiB one
+/// 0.7-0.8x and the 4-rank 4 MiB all_to_all 0.5x; out of place, and
+/// broadcasts, level (docs/PERFORMANCE.md, fifteenth round).
+fn streams_output(input: &Region, output: &Region, nranks: usize, cache: Option<usize>) -> bool {
+    match cache {
+        Some(_) => outgrows_cache(input, output, nranks, cache),
+        None => output.len >= kernels::copy::STREAM_MIN,
+    }
+}
+
 /// Whether the buffers of a call's `nranks` ranks, which share one host
 /// and its last-level cache (the least `cache` any of them reported),
 /// together outgrow it: the next call then finds none of the output
@@ -1366,6 +1381,24 @@ fn sync_sleep(cx: &mut CallCtx<'_>, sleep: &Sleep, peer: usize, target: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_known_cache_decides_alone_and_4_mib_only_without_one() {
+        let mut out = vec![0u8; 4 << 20];
+        let o = Region::host_mut(&mut out);
+        // In place, 2 ranks, 4 MiB: 8 MiB of buffers.
+        assert!(!streams_output(&o, &o, 2, Some(32 << 20)));
+        assert!(streams_output(&o, &o, 2, Some(8 << 20)));
+        assert!(streams_output(&o, &o, 2, None));
+        // Out of place, 8 MiB of buffers a rank: 4 ranks fill 32 MiB.
+        let input = vec![0u8; 4 << 20];
+        let i = Region::host(&input);
+        assert!(streams_output(&i, &o, 4, Some(32 << 20)));
+        assert!(!streams_output(&i, &o, 3, Some(32 << 20)));
+        // Below 4 MiB of output and no cache known: cached.
+        let small = o.sub(0, 1 << 20);
+        assert!(!streams_output(&small, &small, 16, None));
+    }
 
     #[test]
     fn outputs_stream_when_the_host_ranks_buffers_outgrow_its_cache() {
