@@ -71,6 +71,9 @@ pub(crate) struct Inner {
     pub(crate) oversubscribed: bool,
     /// How the ranks spread over hosts (for hierarchical algorithms).
     pub(crate) layout: Option<crate::algorithms::Layout>,
+    /// The least last-level cache any rank reported (the copy-in
+    /// thresholds that follow the cache, `Tuning::host_cache`).
+    host_cache: Option<usize>,
     transports: Transports,
     state: Mutex<State>,
     pub(crate) sender: Mutex<ControlSender>,
@@ -557,6 +560,7 @@ impl Communicator {
         let layout = crate::algorithms::Layout::of_hosts(
             &peers.iter().map(|p| p.host_id).collect::<Vec<_>>(),
         );
+        let host_cache = peers.iter().filter_map(|p| p.llc).min();
         tracing::info!(
             rank,
             nranks,
@@ -591,6 +595,7 @@ impl Communicator {
                 rescue: Mutex::new(Some(rescue)),
                 oversubscribed,
                 layout,
+                host_cache,
                 transports,
                 state: Mutex::new(State {
                     net,
@@ -1728,7 +1733,7 @@ impl Inner {
         Tuning {
             oneshot_bytes: self.config.oneshot_bytes,
             single_copy,
-            host_cache: self.peers.iter().filter_map(|p| p.llc).min(),
+            host_cache: self.host_cache,
             ..Tuning::default()
         }
     }

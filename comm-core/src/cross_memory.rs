@@ -77,9 +77,7 @@ pub(crate) fn reads_allowed(words: &[u8]) -> bool {
 pub(crate) fn single_copy_pays(words: &[u8]) -> bool {
     let mut w = words.to_vec();
     w.sort_unstable();
-    reads_allowed(words)
-        && w.get((w.len().max(1) - 1) / 2)
-            .is_some_and(|m| *m >= PAYS_FROM)
+    !w.is_empty() && reads_allowed(&w) && w[(w.len() - 1) / 2] >= PAYS_FROM
 }
 
 /// The kernel's copy rate as a share of `memcpy`'s, per cent, clamped to
