@@ -74,6 +74,9 @@ pub(crate) struct Inner {
     /// The least last-level cache any rank reported (the copy-in
     /// thresholds that follow the cache, `Tuning::host_cache`).
     host_cache: Option<usize>,
+    /// This rank's host cache and how many ranks share it (whether a
+    /// call's output stays cached).
+    shared_cache: Option<executor::SharedCache>,
     transports: Transports,
     state: Mutex<State>,
     pub(crate) sender: Mutex<ControlSender>,
@@ -561,6 +564,7 @@ impl Communicator {
             &peers.iter().map(|p| p.host_id).collect::<Vec<_>>(),
         );
         let host_cache = peers.iter().filter_map(|p| p.llc).min();
+        let shared_cache = executor::SharedCache::of(&peers, rank);
         tracing::info!(
             rank,
             nranks,
@@ -596,6 +600,7 @@ impl Communicator {
                 oversubscribed,
                 layout,
                 host_cache,
+                shared_cache,
                 transports,
                 state: Mutex::new(State {
                     net,
@@ -1660,6 +1665,7 @@ impl Inner {
             stage_writes: self.config.stage_writes,
             during: executor::CallName { fp, seq },
             peers: &self.peers,
+            cache: self.shared_cache,
             control,
             sender: &self.sender,
             abort_fd: self.abort_fd.as_raw_fd(),

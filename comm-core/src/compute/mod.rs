@@ -46,6 +46,13 @@ pub trait Compute: Send {
     fn copy_final(&mut self, dst: Region, src: Region) -> Result<Pending> {
         self.copy(dst, src)
     }
+    /// [`Compute::copy`] into memory known to stay cached (what the ranks
+    /// sharing the cache touch in the call fits it): a host engine keeps
+    /// it there whatever its size, where [`Compute::copy`] streams large
+    /// copies.
+    fn copy_kept(&mut self, dst: Region, src: Region) -> Result<Pending> {
+        self.copy(dst, src)
+    }
     /// Start `dst = srcs[0] op srcs[1] op ..`, combined in that order (so
     /// every rank computing the same combination gets the same bits). `dst`
     /// may be one of the sources; sources may not overlap `dst` otherwise.

@@ -41,6 +41,30 @@ pub(crate) fn describe_call(fp: &Fingerprint, seq: u64) -> String {
     }
 }
 
+/// The last-level cache this rank shares with the communicator's other
+/// ranks on its host (taken as one cache: the least any of them
+/// reported), and how many ranks share it, this one included. What
+/// their calls touch together decides whether an output stays cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SharedCache {
+    pub bytes: usize,
+    pub ranks: usize,
+}
+
+impl SharedCache {
+    /// Rank `rank`'s host cache in `peers`; `None` when none of the
+    /// host's ranks knows its cache.
+    pub fn of(peers: &[PeerInfo], rank: usize) -> Option<SharedCache> {
+        let host = peers.get(rank)?.host_id;
+        let local = || peers.iter().filter(|p| p.host_id == host);
+        let bytes = local().filter_map(|p| p.llc).min()?;
+        Some(SharedCache {
+            bytes,
+            ranks: local().count(),
+        })
+    }
+}
+
 /// Everything about the current call the executor needs besides buffers.
 pub(crate) struct CallCtx<'a> {
     pub rank: usize,
@@ -63,6 +87,8 @@ pub(crate) struct CallCtx<'a> {
     /// Names the call in messages (`all_reduce #12`); built only on error.
     pub during: CallName,
     pub peers: &'a [PeerInfo],
+    /// This rank's host cache, when known ([`SharedCache::of`]).
+    pub cache: Option<SharedCache>,
     pub control: &'a mut Control,
     pub sender: &'a std::sync::Mutex<ControlSender>,
     pub abort_fd: RawFd,

@@ -26,7 +26,7 @@ mod handoff;
 pub(crate) mod header;
 pub(crate) mod small;
 
-pub(crate) use call::{describe_call, CallCtx, CallName};
+pub(crate) use call::{describe_call, CallCtx, CallName, SharedCache};
 
 use direct::PeerSpan;
 pub(crate) use direct::{buffer_ids, describe};
@@ -298,19 +298,28 @@ fn execute_with(
         stage,
         shared,
     };
+    // Whether the call's output stays cached: what the ranks sharing this
+    // rank's cache touch in the call fits it (`None`: no cache is known).
+    // Then no copy into it streams, however large (`Compute::copy_kept`).
+    let fits = match (
+        bufs.get(INPUT as usize),
+        bufs.get(OUTPUT as usize),
+        cx.cache,
+    ) {
+        (Some(i), Some(o), Some(cache)) => Some(!outgrows_cache(i, o, cache)),
+        _ => None,
+    };
     // In a phased call (direct steps), what a copy moves from executor-owned
     // memory (shared, scratch) into the output is final; an output that
     // would not stay cached is better streamed past the cache (without
     // reading each line for ownership first).
-    let stream_out = cx.direct.as_ref().is_some_and(|d| {
-        // Mapped access (flag pages) puts every rank on this host.
-        let host_cache = || cx.peers.iter().filter_map(|p| p.llc).min();
-        let cache = d.flags.as_ref().and_then(|_| host_cache());
-        match (bufs.get(INPUT as usize), bufs.get(OUTPUT as usize)) {
-            (Some(i), Some(o)) => streams_output(i, o, cx.nranks, cache),
-            _ => false,
-        }
-    });
+    let stream_out = cx.direct.is_some()
+        && match fits {
+            Some(fits) => !fits,
+            None => bufs
+                .get(OUTPUT as usize)
+                .is_some_and(|o| o.len >= kernels::copy::STREAM_MIN),
+        };
     // Staging writes — into the copy-in's shared memory and into the rings
     // of links that copy through memory — stream while this rank's gauge
     // finds staged pieces crossing between caches (`handoff`), unless
@@ -559,9 +568,12 @@ fn execute_with(
                 {
                     compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
-                Action::Copy { src, dst } => {
-                    compute.copy(region(bufs, own, dst, es), region(bufs, own, src, es))?
-                }
+                Action::Copy { src, dst } => copy_into(
+                    compute.as_mut(),
+                    fits,
+                    region(bufs, own, dst, es),
+                    region(bufs, own, src, es),
+                )?,
                 Action::Divide { dst } => {
                     compute.divide(cx.dtype, region(bufs, own, dst, es), cx.nranks)?
                 }
@@ -676,7 +688,7 @@ fn execute_with(
                         PeerSpan::Mapped(from) if streams(src, dst, false) => {
                             compute.copy_final(to, from)?
                         }
-                        PeerSpan::Mapped(from) => compute.copy(to, from)?,
+                        PeerSpan::Mapped(from) => copy_into(compute.as_mut(), fits, to, from)?,
                         PeerSpan::Process { pid, addr } => {
                             if !to.space.is_host() {
                                 return Err(Error::Protocol(format!(
@@ -744,7 +756,7 @@ fn execute_with(
                     let from = region(bufs, own, src, es);
                     match dx.peer_span(dst.buf, region(bufs, own, dst, es), peer)? {
                         PeerSpan::Mapped(to) if streams(src, dst, false) => compute.copy_final(to, from)?,
-                        PeerSpan::Mapped(to) => compute.copy(to, from)?,
+                        PeerSpan::Mapped(to) => copy_into(compute.as_mut(), fits, to, from)?,
                         PeerSpan::Remote(_) | PeerSpan::Process { .. } => {
                             return Err(Error::Protocol(format!(
                                 "schedule of {} writes rank {peer}'s memory, which this rank can only read (a one-sided link, or the peer's plain buffer; internal error)",
@@ -1081,34 +1093,40 @@ fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
     dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
 }
 
-/// Whether a phased call's final copies into `output` stream past the
-/// cache: where its ranks share one host whose last-level cache is known
-/// (the least, `cache`), when their buffers together outgrow it; else
-/// from [`kernels::copy::STREAM_MIN`] of output. Until the fifteenth
-/// round that 4 MiB floor held everywhere, which an 8 MiB cache implies
-/// anyway; with 32 MiB it streamed in-place calls whose output had just
-/// been read into the cache: in place, 2-rank copy-in all_reduces of 4
-/// and 8 MiB took 0.45-0.55x the time cached, the 4-rank 4 MiB one
-/// 0.7-0.8x and the 4-rank 4 MiB all_to_all 0.5x; out of place, and
-/// broadcasts, level (docs/PERFORMANCE.md, fifteenth round).
-fn streams_output(input: &Region, output: &Region, nranks: usize, cache: Option<usize>) -> bool {
-    match cache {
-        Some(_) => outgrows_cache(input, output, nranks, cache),
-        None => output.len >= kernels::copy::STREAM_MIN,
+/// Start a copy that does not stream: kept in the cache where the call's
+/// output is known to stay there (`fits`), else as the engine decides
+/// (the host engine streams from [`kernels::copy::STREAM_MIN`]). Streamed,
+/// the 4 MiB own block of a 2-rank all_gather of 8 MiB went to memory
+/// where the next call wanted it from the 32 MiB cache: kept, the ring's
+/// call took 520-600 µs against 690-760, and a 2-rank out-of-place
+/// broadcast of 4 MiB 250-300 against 300-400; in place and at 10 MiB
+/// level (alternating runs, docs/PERFORMANCE.md, sixteenth round).
+fn copy_into(
+    compute: &mut dyn Compute,
+    fits: Option<bool>,
+    dst: Region,
+    src: Region,
+) -> Result<Pending> {
+    match fits {
+        Some(true) => compute.copy_kept(dst, src),
+        _ => compute.copy(dst, src),
     }
 }
 
-/// Whether the buffers of a call's `nranks` ranks, which share one host
-/// and its last-level cache (the least `cache` any of them reported),
-/// together outgrow it: the next call then finds none of the output
-/// cached anyway (4 ranks, 1 MiB out of place: 8 MiB of inputs and
-/// outputs in an 8 MiB cache). Streaming the output there took 0.50-0.84
-/// of the time of the copy-in all_reduce, all_to_all and broadcast of 1-2
-/// MiB on 2 and 4 ranks; below the cache it cost up to 1.35 (in place).
-fn outgrows_cache(input: &Region, output: &Region, nranks: usize, cache: Option<usize>) -> bool {
-    let Some(cache) = cache else {
-        return false;
-    };
+/// Whether the buffers of a call on the ranks that share this rank's
+/// last-level cache (`cache`) together outgrow it: the next call then
+/// finds none of the output cached anyway (4 ranks, 1 MiB out of place: 8
+/// MiB of inputs and outputs in an 8 MiB cache). Streaming the output
+/// there took 0.50-0.84 of the time of the copy-in all_reduce, all_to_all
+/// and broadcast of 1-2 MiB on 2 and 4 ranks; below the cache it cost up
+/// to 1.35 (in place). Until the fifteenth round outputs streamed from 4
+/// MiB whatever the cache, which streamed in-place calls whose output had
+/// just been read into a 32 MiB cache: cached, 2-rank copy-in all_reduces
+/// of 4 and 8 MiB took 0.45-0.55x the time, the 4-rank 4 MiB one 0.7-0.8x
+/// and the 4-rank 4 MiB all_to_all 0.5x (docs/PERFORMANCE.md, fifteenth
+/// round). Without a known cache, phased calls stream outputs from
+/// [`kernels::copy::STREAM_MIN`].
+fn outgrows_cache(input: &Region, output: &Region, cache: SharedCache) -> bool {
     // In place one buffer lies in the other (an all_gather's input in its
     // output, a reduce_scatter's output in its input): count what they
     // span together once.
@@ -1118,7 +1136,7 @@ fn outgrows_cache(input: &Region, output: &Region, nranks: usize, cache: Option<
         true => i_end.max(o_end) - i.min(o),
         false => input.len + output.len,
     };
-    bytes.saturating_mul(nranks) >= cache
+    bytes.saturating_mul(cache.ranks) >= cache.bytes
 }
 
 /// The call's direct-access context; a direct step without one is a bug.
@@ -1381,44 +1399,57 @@ fn sync_sleep(cx: &mut CallCtx<'_>, sleep: &Sleep, peer: usize, target: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::PeerInfo;
 
     #[test]
-    fn a_known_cache_decides_alone_and_4_mib_only_without_one() {
-        let mut out = vec![0u8; 4 << 20];
-        let o = Region::host_mut(&mut out);
-        // In place, 2 ranks, 4 MiB: 8 MiB of buffers.
-        assert!(!streams_output(&o, &o, 2, Some(32 << 20)));
-        assert!(streams_output(&o, &o, 2, Some(8 << 20)));
-        assert!(streams_output(&o, &o, 2, None));
-        // Out of place, 8 MiB of buffers a rank: 4 ranks fill 32 MiB.
-        let input = vec![0u8; 4 << 20];
-        let i = Region::host(&input);
-        assert!(streams_output(&i, &o, 4, Some(32 << 20)));
-        assert!(!streams_output(&i, &o, 3, Some(32 << 20)));
-        // Below 4 MiB of output and no cache known: cached.
-        let small = o.sub(0, 1 << 20);
-        assert!(!streams_output(&small, &small, 16, None));
-    }
-
-    #[test]
-    fn outputs_stream_when_the_host_ranks_buffers_outgrow_its_cache() {
+    fn outputs_stay_cached_while_the_host_ranks_buffers_fit_its_cache() {
+        let cache = |ranks, mib: usize| SharedCache {
+            bytes: mib << 20,
+            ranks,
+        };
         let mut out = vec![0u8; 1 << 20];
         let input = vec![0u8; 1 << 20];
         let (i, o) = (Region::host(&input), Region::host_mut(&mut out));
         // Out of place, 4 ranks: 8 MiB of inputs and outputs.
-        assert!(outgrows_cache(&i, &o, 4, Some(8 << 20)));
-        assert!(!outgrows_cache(&i, &o, 4, Some(16 << 20)));
-        assert!(!outgrows_cache(&i, &o, 3, Some(8 << 20)));
-        assert!(!outgrows_cache(&i, &o, 4, None));
+        assert!(outgrows_cache(&i, &o, cache(4, 8)));
+        assert!(!outgrows_cache(&i, &o, cache(4, 16)));
+        assert!(!outgrows_cache(&i, &o, cache(3, 8)));
         // In place (the input a segment of the output, as an all_gather's,
         // or all of it): the bytes count once.
         let seg = o.sub(256 << 10, 256 << 10);
-        assert!(!outgrows_cache(&seg, &o, 4, Some(8 << 20)));
-        assert!(!outgrows_cache(&o, &o, 4, Some(8 << 20)));
-        assert!(outgrows_cache(&o, &o, 8, Some(8 << 20)));
+        assert!(!outgrows_cache(&seg, &o, cache(4, 8)));
+        assert!(!outgrows_cache(&o, &o, cache(4, 8)));
+        assert!(outgrows_cache(&o, &o, cache(8, 8)));
         // A reduce_scatter's output in its input: 1 MiB a rank, not 1.25.
-        assert!(!outgrows_cache(&o, &seg, 7, Some(8 << 20)));
-        assert!(outgrows_cache(&o, &seg, 8, Some(8 << 20)));
+        assert!(!outgrows_cache(&o, &seg, cache(7, 8)));
+        assert!(outgrows_cache(&o, &seg, cache(8, 8)));
+    }
+
+    #[test]
+    fn the_shared_cache_is_the_least_of_the_ranks_on_this_host() {
+        let peer = |rank, host_id, llc: Option<usize>| PeerInfo {
+            rank,
+            hostname: String::new(),
+            host_id,
+            pid: 0,
+            addrs: Vec::new(),
+            rescue: None,
+            hosts_root: false,
+            cpus: Vec::new(),
+            llc,
+        };
+        let peers = [
+            peer(0, 7, Some(32 << 20)),
+            peer(1, 9, Some(1 << 20)),
+            peer(2, 7, None),
+            peer(3, 7, Some(16 << 20)),
+        ];
+        let shared = |bytes, ranks| Some(SharedCache { bytes, ranks });
+        assert_eq!(SharedCache::of(&peers, 0), shared(16 << 20, 3));
+        assert_eq!(SharedCache::of(&peers, 1), shared(1 << 20, 1));
+        let unknown = [peer(0, 7, None), peer(1, 7, None)];
+        assert_eq!(SharedCache::of(&unknown, 1), None);
+        assert_eq!(SharedCache::of(&peers, 4), None);
     }
 
     #[test]
