@@ -300,7 +300,8 @@ fn execute_with(
     };
     // Whether the call's output stays cached: what the ranks sharing this
     // rank's cache touch in the call fits it (`None`: no cache is known).
-    // Then no copy into it streams, however large (`Compute::copy_kept`).
+    // Then copies up to an eighth of the cache stay there too
+    // (`keep_up_to`, `copy_into`).
     let fits = match (
         bufs.get(INPUT as usize),
         bufs.get(OUTPUT as usize),
@@ -308,6 +309,10 @@ fn execute_with(
     ) {
         (Some(i), Some(o), Some(cache)) => Some(!outgrows_cache(i, o, cache)),
         _ => None,
+    };
+    let keep_up_to = match (fits, cx.cache) {
+        (Some(true), Some(cache)) => cache.bytes / 8,
+        _ => 0,
     };
     // In a phased call (direct steps), what a copy moves from executor-owned
     // memory (shared, scratch) into the output is final; an output that
@@ -570,7 +575,7 @@ fn execute_with(
                 }
                 Action::Copy { src, dst } => copy_into(
                     compute.as_mut(),
-                    fits,
+                    keep_up_to,
                     region(bufs, own, dst, es),
                     region(bufs, own, src, es),
                 )?,
@@ -688,7 +693,9 @@ fn execute_with(
                         PeerSpan::Mapped(from) if streams(src, dst, false) => {
                             compute.copy_final(to, from)?
                         }
-                        PeerSpan::Mapped(from) => copy_into(compute.as_mut(), fits, to, from)?,
+                        PeerSpan::Mapped(from) => {
+                            copy_into(compute.as_mut(), keep_up_to, to, from)?
+                        }
                         PeerSpan::Process { pid, addr } => {
                             if !to.space.is_host() {
                                 return Err(Error::Protocol(format!(
@@ -756,7 +763,7 @@ fn execute_with(
                     let from = region(bufs, own, src, es);
                     match dx.peer_span(dst.buf, region(bufs, own, dst, es), peer)? {
                         PeerSpan::Mapped(to) if streams(src, dst, false) => compute.copy_final(to, from)?,
-                        PeerSpan::Mapped(to) => copy_into(compute.as_mut(), fits, to, from)?,
+                        PeerSpan::Mapped(to) => copy_into(compute.as_mut(), keep_up_to, to, from)?,
                         PeerSpan::Remote(_) | PeerSpan::Process { .. } => {
                             return Err(Error::Protocol(format!(
                                 "schedule of {} writes rank {peer}'s memory, which this rank can only read (a one-sided link, or the peer's plain buffer; internal error)",
@@ -1093,23 +1100,26 @@ fn final_copy(src: Span, dst: Span, own_input: bool) -> bool {
     dst.buf == OUTPUT && (matches!(src.buf, SHARED | SCRATCH) || (own_input && src.buf == INPUT))
 }
 
-/// Start a copy that does not stream: kept in the cache where the call's
-/// output is known to stay there (`fits`), else as the engine decides
-/// (the host engine streams from [`kernels::copy::STREAM_MIN`]). Streamed,
-/// the 4 MiB own block of a 2-rank all_gather of 8 MiB went to memory
-/// where the next call wanted it from the 32 MiB cache: kept, the ring's
-/// call took 520-600 µs against 690-760, and a 2-rank out-of-place
-/// broadcast of 4 MiB 250-300 against 300-400; in place and at 10 MiB
-/// level (alternating runs, docs/PERFORMANCE.md, sixteenth round).
+/// Start a copy that does not stream: kept in the cache up to
+/// `keep_up_to` bytes (an eighth of the cache, where the call's buffers
+/// fit it), else as the engine decides (the host engine streams from
+/// [`kernels::copy::STREAM_MIN`]). Streamed, the 4 MiB own block of a
+/// 2-rank all_gather of 8 MiB went to memory where the next call wanted
+/// it from the 32 MiB cache: kept, the ring's call took 520-600 µs
+/// against 690-760, and a 2-rank out-of-place broadcast of 4 MiB 250-300
+/// against 300-400. Larger copies lost kept (the broadcast root's 6 MiB:
+/// 390 µs against 300 streamed, the call 1.25x) or drew level (the 5
+/// MiB block of a 10 MiB all_gather), though all these calls fit the
+/// cache alike (alternating runs, docs/PERFORMANCE.md, sixteenth round).
 fn copy_into(
     compute: &mut dyn Compute,
-    fits: Option<bool>,
+    keep_up_to: usize,
     dst: Region,
     src: Region,
 ) -> Result<Pending> {
-    match fits {
-        Some(true) => compute.copy_kept(dst, src),
-        _ => compute.copy(dst, src),
+    match dst.len.min(src.len) <= keep_up_to {
+        true => compute.copy_kept(dst, src),
+        false => compute.copy(dst, src),
     }
 }
 
