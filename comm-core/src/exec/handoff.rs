@@ -29,6 +29,15 @@
 //! placement being the same for both directions of a pair, a rank's
 //! copies stand for its peers'. `OXCCL_STAGE_WRITES` forces either way.
 //!
+//! A large call (from [`SETTLED_IN_CALL`] bytes: a 4-rank 256 MiB
+//! all_reduce takes 75-250 ms) probes at its own start instead: every
+//! rank writes its first pieces through its cache and judges each
+//! [`JUDGE_BYTES`] of them, and the call's remaining writes follow as soon
+//! as the judgements settle ([`Handoff::settle`]: one that finds the rates
+//! close, or two crossed in a row). Probing every eighth call, a
+//! benchmark of five such calls ended before a split placement could
+//! stream (docs/PERFORMANCE.md, sixteenth round).
+//!
 //! Pure state: the executor times the steps and reports them.
 
 /// Every how many calls the ranks probe (call numbers divisible by it).
@@ -39,6 +48,14 @@ pub(crate) const PROBE_EVERY: u64 = 8;
 /// The least bytes a probe must have read from peers and written to
 /// staging to judge: below it one preemption decides.
 const MIN_BYTES: u64 = 256 << 10;
+
+/// The least bytes of input or output of a call that probes at its own
+/// start and settles within the call ([`Handoff::settle`]).
+pub(crate) const SETTLED_IN_CALL: usize = 32 << 20;
+
+/// Bytes of reads and of writes each judgement within a call takes
+/// (the copy-in's 4-rank pieces are about 340 KiB: a dozen of them).
+const JUDGE_BYTES: u64 = 4 << 20;
 
 /// Reads of peers' staged pieces and writes into the rank's own staging
 /// (bytes per second) this far apart: the pieces crossed between caches.
@@ -76,14 +93,15 @@ pub(crate) struct Handoff {
 
 impl Handoff {
     /// Whether call `seq` is a probe: every rank writes through its cache
-    /// and measures.
-    pub fn probing(seq: u64) -> bool {
-        seq.is_multiple_of(PROBE_EVERY)
+    /// and measures (a large call, `large`, at least until it settles).
+    pub fn probing(seq: u64, large: bool) -> bool {
+        large || seq.is_multiple_of(PROBE_EVERY)
     }
 
-    /// Whether call `seq`'s staging writes stream.
-    pub fn streams(&self, seq: u64) -> bool {
-        self.crossed_in_a_row >= 2 && !Self::probing(seq)
+    /// Whether call `seq`'s staging writes stream (a large call's, from
+    /// the start: not until it settles).
+    pub fn streams(&self, seq: u64, large: bool) -> bool {
+        self.crossed_in_a_row >= 2 && !Self::probing(seq, large)
     }
 
     /// A probe's read of `bytes` of peers' staged pieces took `ns`.
@@ -96,14 +114,38 @@ impl Handoff {
         self.writes.add(bytes, ns);
     }
 
-    /// Call `seq` ended (successfully): a probe that measured enough
-    /// decides the writes until the next one: streamed after two probes
-    /// in a row found the pieces crossed, through the cache after one
-    /// that did not.
-    pub fn ended(&mut self, seq: u64) {
-        if let (true, Some(r), Some(w)) =
-            (Self::probing(seq), self.reads.rate(), self.writes.rate())
-        {
+    /// Within a large call that still probes: once enough was moved, a
+    /// judgement; `Some(streams)` when they have settled (rates close:
+    /// through the cache; crossed twice in a row: streamed), and the
+    /// rest of the call writes so without measuring. Each judgement
+    /// counts as a probe for the calls after.
+    pub fn settle(&mut self) -> Option<bool> {
+        if self.reads.bytes < JUDGE_BYTES || self.writes.bytes < JUDGE_BYTES {
+            return None;
+        }
+        self.judge();
+        match self.crossed_in_a_row {
+            0 => Some(false),
+            1 => None,
+            _ => Some(true),
+        }
+    }
+
+    /// A call ended (successfully): if it probed (`probed`) and measured
+    /// enough since its last judgement, that decides the writes until
+    /// the next probe: streamed after two probes in a row found the
+    /// pieces crossed, through the cache after one that did not.
+    pub fn ended(&mut self, probed: bool) {
+        if probed {
+            self.judge();
+        }
+        self.reads = Tally::default();
+        self.writes = Tally::default();
+    }
+
+    /// Judge the tallies, when they hold enough, and start new ones.
+    fn judge(&mut self) {
+        if let (Some(r), Some(w)) = (self.reads.rate(), self.writes.rate()) {
             self.crossed_in_a_row = match r.min(w) < CROSSED * r.max(w) {
                 true => (self.crossed_in_a_row + 1).min(2),
                 false => 0,
@@ -124,8 +166,8 @@ mod tests {
         let mib = 1 << 20;
         h.read(mib, (mib as f64 / read) as u64);
         h.wrote(mib, (mib as f64 / write) as u64);
-        h.ended(0);
-        (1..=PROBE_EVERY).map(|s| h.streams(s)).collect()
+        h.ended(true);
+        (1..=PROBE_EVERY).map(|s| h.streams(s, false)).collect()
     }
 
     #[test]
@@ -155,21 +197,57 @@ mod tests {
         let mut h = Handoff::default();
         after_probe(&mut h, 2.0, 50.0);
         after_probe(&mut h, 2.0, 50.0);
-        assert!(h.streams(1));
+        assert!(h.streams(1, false));
         // A call that is not a probe changes nothing, whatever it saw.
         h.read(1 << 20, 1);
         h.wrote(1 << 20, 1 << 30);
-        h.ended(3);
-        assert!(h.streams(4));
+        h.ended(false);
+        assert!(h.streams(4, false));
         // A probe that moved too little keeps the last decision.
         h.read(4096, 1 << 30);
         h.wrote(4096, 1);
-        h.ended(2 * PROBE_EVERY);
-        assert!(h.streams(2 * PROBE_EVERY + 1));
+        h.ended(true);
+        assert!(h.streams(2 * PROBE_EVERY + 1, false));
         // Its tallies do not carry into the next probe.
         h.read(MIN_BYTES as usize, 1);
         h.wrote(MIN_BYTES as usize, 1);
-        h.ended(3 * PROBE_EVERY);
-        assert!(!h.streams(3 * PROBE_EVERY + 1));
+        h.ended(true);
+        assert!(!h.streams(3 * PROBE_EVERY + 1, false));
+    }
+
+    /// `JUDGE_BYTES` read at `read` and written at `write` GB/s in a
+    /// large call, then what `settle` says.
+    fn judged(h: &mut Handoff, read: f64, write: f64) -> Option<bool> {
+        let n = JUDGE_BYTES as usize;
+        h.read(n, (n as f64 / read) as u64);
+        h.wrote(n, (n as f64 / write) as u64);
+        h.settle()
+    }
+
+    #[test]
+    fn a_large_call_probes_from_its_start_and_settles_within_itself() {
+        let mut h = Handoff::default();
+        // Large calls probe whatever their number, and write through the
+        // cache until they settle, however the last one ended.
+        assert!(Handoff::probing(3, true) && !Handoff::probing(3, false));
+        // Not settled until a judgement's worth of reads and writes.
+        h.read(JUDGE_BYTES as usize - 1, 1);
+        h.wrote(JUDGE_BYTES as usize, 1);
+        assert_eq!(h.settle(), None);
+        h.read(1, 1);
+        // Close rates settle at once: through the cache.
+        assert_eq!(h.settle(), Some(false));
+        // One crossed judgement is not enough; the second settles it.
+        assert_eq!(judged(&mut h, 2.0, 50.0), None);
+        assert_eq!(judged(&mut h, 2.0, 50.0), Some(true));
+        // And counts for the calls after it, as a probe would.
+        h.ended(false);
+        assert!(h.streams(3, false));
+        assert!(!h.streams(3, true));
+        // The next large call: one crossed judgement keeps streaming,
+        // one close one goes back.
+        assert_eq!(judged(&mut h, 2.0, 50.0), Some(true));
+        assert_eq!(judged(&mut h, 40.0, 35.0), Some(false));
+        assert!(!h.streams(3, false));
     }
 }

@@ -329,11 +329,20 @@ fn execute_with(
     // of links that copy through memory — stream while this rank's gauge
     // finds staged pieces crossing between caches (`handoff`), unless
     // `OXCCL_STAGE_WRITES` forces either way; a probe call measures (on
-    // every rank at once: the call numbers are shared).
-    let (probe, stage_streams) = match cx.stage_writes {
+    // every rank at once: the call numbers and sizes are shared), a large
+    // one until its judgements settle (`settling`).
+    let large = bufs
+        .iter()
+        .take(OUTPUT as usize + 1)
+        .any(|b| b.len >= handoff::SETTLED_IN_CALL);
+    let (mut probe, mut stage_streams) = match cx.stage_writes {
         Some(forced) => (false, forced),
-        None => (handoff::Handoff::probing(cx.seq), w.handoff.streams(cx.seq)),
+        None => (
+            handoff::Handoff::probing(cx.seq, large),
+            w.handoff.streams(cx.seq, large),
+        ),
     };
+    let mut settling = probe && large;
     for link in net.links.iter_mut().flatten() {
         if link.copies_through_memory() {
             link.stream_writes(stage_streams);
@@ -1017,10 +1026,18 @@ fn execute_with(
         }
 
         if remaining == 0 {
-            if probe {
-                handoff.ended(cx.seq);
-            }
+            handoff.ended(probe);
             return Ok(());
+        }
+        if settling {
+            if let Some(streams) = handoff.settle() {
+                (settling, probe, stage_streams) = (false, false, streams);
+                for link in net.links.iter_mut().flatten() {
+                    if link.copies_through_memory() {
+                        link.stream_writes(streams);
+                    }
+                }
+            }
         }
         if progressed {
             spin.moved();
