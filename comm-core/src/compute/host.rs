@@ -25,6 +25,30 @@ impl HostCompute {
         HostCompute::default()
     }
 
+    /// `dst = src` with `kernel` (one of `kernels::copy`'s: cached,
+    /// streamed or by size) where the regions do not overlap; overlapping
+    /// ones with `ptr::copy`.
+    fn copy_by(
+        &mut self,
+        dst: Region,
+        src: Region,
+        kernel: unsafe fn(*mut u8, *const u8, usize),
+    ) -> Result<Pending> {
+        self.check("write", &dst)?;
+        self.check("read", &src)?;
+        let n = dst.len.min(src.len);
+        let disjoint = dst.addr + n <= src.addr || src.addr + n <= dst.addr;
+        if n > 0 && disjoint {
+            // SAFETY: both regions hold n bytes the caller lends for this
+            // call, and they do not overlap (the kernel's contract).
+            unsafe { kernel(dst.ptr(), src.ptr() as *const u8, n) };
+        } else if n > 0 && dst.addr != src.addr {
+            // SAFETY: as above; `ptr::copy` tolerates the overlap.
+            unsafe { std::ptr::copy(src.ptr() as *const u8, dst.ptr(), n) };
+        }
+        Ok(Pending::DONE)
+    }
+
     fn check(&self, what: &str, r: &Region) -> Result<()> {
         if self.reaches(r.space) {
             Ok(())
@@ -56,45 +80,15 @@ impl Compute for HostCompute {
     }
 
     fn copy(&mut self, dst: Region, src: Region) -> Result<Pending> {
-        self.check("write", &dst)?;
-        self.check("read", &src)?;
-        let n = dst.len.min(src.len);
-        let disjoint = dst.addr + n <= src.addr || src.addr + n <= dst.addr;
-        if n > 0 && disjoint {
-            // SAFETY: both regions hold n bytes the caller lends for this
-            // call, and they do not overlap.
-            unsafe { kernels::copy::copy(dst.ptr(), src.ptr() as *const u8, n) };
-        } else if n > 0 && dst.addr != src.addr {
-            // SAFETY: as above; `ptr::copy` tolerates the overlap.
-            unsafe { std::ptr::copy(src.ptr() as *const u8, dst.ptr(), n) };
-        }
-        Ok(Pending::DONE)
+        self.copy_by(dst, src, kernels::copy::copy)
     }
 
     fn copy_kept(&mut self, dst: Region, src: Region) -> Result<Pending> {
-        self.check("write", &dst)?;
-        self.check("read", &src)?;
-        let n = dst.len.min(src.len);
-        if dst.addr + n <= src.addr || src.addr + n <= dst.addr {
-            // SAFETY: both regions hold n bytes the caller lends for this
-            // call, and they do not overlap.
-            unsafe { kernels::copy::copy_cached(dst.ptr(), src.ptr() as *const u8, n) };
-            return Ok(Pending::DONE);
-        }
-        self.copy(dst, src)
+        self.copy_by(dst, src, kernels::copy::copy_cached)
     }
 
     fn copy_final(&mut self, dst: Region, src: Region) -> Result<Pending> {
-        self.check("write", &dst)?;
-        self.check("read", &src)?;
-        let n = dst.len.min(src.len);
-        if dst.addr + n <= src.addr || src.addr + n <= dst.addr {
-            // SAFETY: both regions hold n bytes the caller lends for this
-            // call, and they do not overlap.
-            unsafe { kernels::copy::copy_streaming(dst.ptr(), src.ptr() as *const u8, n) };
-            return Ok(Pending::DONE);
-        }
-        self.copy(dst, src)
+        self.copy_by(dst, src, kernels::copy::copy_streaming)
     }
 
     fn reduce(
