@@ -338,7 +338,9 @@ def reference_exit(backend):
     """End a Gloo reference run at once, its RESULT printed: PyTorch's
     Gloo teardown at interpreter exit aborts now and then ("terminate
     called without an active exception", a rank of a 4-rank DDP job in
-    CI, pytorch/pytorch#190489), which is not what these tests check.
+    CI, after destroy_process_group; pytorch/pytorch#190489 reports the
+    same abort when it is not called), which is not what these tests
+    check.
     oxccl runs exit normally, so their teardown stays tested."""
     if backend == "gloo":
         sys.stderr.flush()
