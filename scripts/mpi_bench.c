@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
       dt = sum / n;
       if (rank == 0) {
         double algbw = (double)(count * sizeof(float)) / dt / 1e9;
-        printf("mpi %s %d ranks %zu B: %.2f us algbw %.2f busbw %.2f GB/s\n", coll, n, count * sizeof(float), dt * 1e6, algbw, algbw * factor);
+        printf("mpi %s %d ranks %zu B: %.3f us algbw %.2f busbw %.2f GB/s\n", coll, n, count * sizeof(float), dt * 1e6, algbw, algbw * factor);
       }
     }
   }

@@ -28,14 +28,15 @@ use crate::schedule::Schedule;
 use crate::sys::{CallClock, Stamp};
 use crate::transport::net;
 use crate::transport::{PeerInfo, SetupCtx, Transports};
+use crate::turns::{NoTurn, Ticket, Turn, Turns};
 use crate::types::DataType;
 use crate::work::{Work, Worker};
 use algorithms::{CollSpec, Tuning};
 use std::mem::ManuallyDrop;
 use std::ops::ControlFlow;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How often a call looks at the control connection before it starts
@@ -78,18 +79,10 @@ pub(crate) struct Inner {
     /// call's output stays cached).
     shared_cache: Option<executor::SharedCache>,
     transports: Transports,
-    state: Mutex<State>,
+    /// The call state, one call at a time in issue order (its tickets are
+    /// the calls' order: see [`crate::turns`]).
+    state: Turns<State>,
     pub(crate) sender: Mutex<ControlSender>,
-    next_ticket: AtomicU64,
-    /// The ticket whose turn it is. Read without a lock when a call comes
-    /// in its turn (nearly always); `turn` and `turn_cv` are for waiting.
-    turn_now: AtomicU64,
-    turn: Mutex<()>,
-    turn_cv: Condvar,
-    /// Threads waiting for their turn: notifying a condvar is a system
-    /// call even when nobody waits. (With `turn_now`, SeqCst on both
-    /// sides: a finishing call sees a waiter or the waiter sees its turn.)
-    turn_waiters: AtomicU64,
     poison: Mutex<Option<Error>>,
     /// Set once `poison` holds an error: a call checks it without a lock.
     poisoned: AtomicBool,
@@ -602,7 +595,7 @@ impl Communicator {
                 host_cache,
                 shared_cache,
                 transports,
-                state: Mutex::new(State {
+                state: Turns::new(State {
                     net,
                     control,
                     control_checked: Stamp::now(),
@@ -624,11 +617,6 @@ impl Communicator {
                     issued: None,
                 }),
                 sender: Mutex::new(sender),
-                next_ticket: AtomicU64::new(0),
-                turn_now: AtomicU64::new(0),
-                turn: Mutex::new(()),
-                turn_cv: Condvar::new(),
-                turn_waiters: AtomicU64::new(0),
                 poison: Mutex::new(None),
                 poisoned: AtomicBool::new(false),
                 aborted: AtomicBool::new(false),
@@ -672,9 +660,9 @@ impl Communicator {
         // call and fail it (a mismatch) while this rank still waits for
         // the last message of the barrier: that failure belongs to this
         // rank's first call, not to its init (CI: mismatch_matrix_shm).
-        self.inner.state.lock().unwrap().control.hold_notices(true);
+        self.inner.state_now()?.control.hold_notices(true);
         let mapped = self.map_host_pages(d);
-        let mut st = self.inner.state.lock().unwrap();
+        let mut st = self.inner.state_now()?;
         st.control.hold_notices(false);
         match mapped {
             // Anything held is reported by the first call's first poll.
@@ -931,7 +919,7 @@ impl Communicator {
         if let Some(e) = self.error() {
             return Some(e);
         }
-        let mut st = self.inner.state.try_lock().ok()?;
+        let mut st = self.inner.state.try_turn()?;
         let Some(bootstrap::ControlEvent::Notice(n)) = st.control.poll() else {
             return None;
         };
@@ -1172,7 +1160,7 @@ impl Communicator {
     /// Run `f` as the next call in issue order (blocking, this thread).
     pub(crate) fn run<R>(&self, f: impl FnOnce(&Inner, &mut State) -> Result<R>) -> Result<R> {
         self.check_deadline()?;
-        let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let ticket = self.inner.state.ticket();
         self.inner.run_ticket(ticket, self.timeout, None, f)
     }
 
@@ -1185,7 +1173,7 @@ impl Communicator {
         if let Err(e) = self.check_deadline() {
             return Work::done(call, Err(e));
         }
-        let ticket = self.inner.next_ticket.fetch_add(1, Ordering::SeqCst);
+        let ticket = self.inner.state.ticket();
         let inner = Arc::clone(&self.inner);
         let timeout = self.timeout;
         let issued = Some(Stamp::now());
@@ -1281,8 +1269,7 @@ impl Inner {
             world_by: None,
         });
         // Wake calls waiting for their turn.
-        let _t = self.turn.lock().unwrap();
-        self.turn_cv.notify_all();
+        self.state.wake_all();
     }
 
     /// Record the first error, tell the others (when it is ours to tell).
@@ -1331,7 +1318,7 @@ impl Inner {
     /// nothing yet (`Continue`; also while a running call holds the
     /// connection: it reads it itself).
     pub(crate) fn control_notice(&self) -> ControlFlow<Option<Notice>> {
-        let Ok(mut st) = self.state.try_lock() else {
+        let Some(mut st) = self.state.try_turn() else {
             return ControlFlow::Continue(());
         };
         match st.control.poll() {
@@ -1347,75 +1334,74 @@ impl Inner {
     /// Whether this rank read the end of its control connection. Unknown
     /// (false) while a running call holds it; that call judges for itself.
     pub(crate) fn root_gone(&self) -> bool {
-        self.state.try_lock().is_ok_and(|st| st.control.is_gone())
+        self.state.try_turn().is_some_and(|st| st.control.is_gone())
     }
 
-    fn wait_turn(&self, ticket: u64) -> Result<()> {
-        if self.turn_now.load(Ordering::Acquire) == ticket {
-            return Ok(());
-        }
-        let mut t = self.turn.lock().unwrap();
-        self.turn_waiters.fetch_add(1, Ordering::SeqCst);
-        let waited = loop {
-            if self.turn_now.load(Ordering::SeqCst) == ticket {
-                break Ok(());
-            }
-            if self.aborted.load(Ordering::Acquire) {
-                break Err(self.poisoned().unwrap_or(Error::Aborted {
+    /// Wait for `ticket`'s turn: the call state, for this call alone.
+    /// An abort ends the wait (the communicator is failed).
+    #[inline]
+    fn wait_turn(&self, ticket: Ticket) -> Result<Turn<'_, State>> {
+        self.state
+            .wait(ticket, || self.aborted.load(Ordering::Acquire))
+            .map_err(|no| match no {
+                NoTurn::GaveUp => self.poisoned().unwrap_or(Error::Aborted {
                     by: None,
                     world_by: None,
-                }));
-            }
-            t = self.turn_cv.wait(t).unwrap();
-        };
-        self.turn_waiters.fetch_sub(1, Ordering::SeqCst);
-        waited
+                }),
+                NoTurn::Broken => Error::Protocol(
+                    "an earlier call on this communicator panicked; its state is unknown".into(),
+                ),
+            })
+    }
+
+    /// The call state at the next turn (for work between calls, such as
+    /// the page exchange at creation).
+    fn state_now(&self) -> Result<Turn<'_, State>> {
+        self.wait_turn(self.state.ticket())
     }
 
     pub(crate) fn run_ticket<R>(
         &self,
-        ticket: u64,
+        ticket: Ticket,
         timeout: Option<Duration>,
         issued: Option<Stamp>,
         f: impl FnOnce(&Inner, &mut State) -> Result<R>,
     ) -> Result<R> {
-        self.wait_turn(ticket)?;
-        let result = match self.poisoned() {
-            Some(e) => Err(e),
-            None => {
-                let mut st = self.state.lock().unwrap();
-                st.call_timeout = timeout;
-                st.issued = issued;
-                let mut r = f(self, &mut st);
-                st.issued = None;
-                if r.is_err() {
-                    // Errors leave in the job's numbering too. (Mapped
-                    // only then: a result moved on every call costs.)
-                    r = r.map_err(|e| e.in_world(&self.world, &self.peers));
-                }
-                if let Err(e) = &r {
-                    // Every survivor of a failure leaves its account.
-                    if let Some(dir) = &self.config.flight_dir {
-                        if let Err(d) = self.dump_flight(dir, &e.to_string()) {
-                            tracing::warn!("oxccl: {d}");
-                        }
-                    }
-                    self.flush_trace();
-                    if !e.is_local() {
-                        st.net.close_all();
-                        drop(st);
-                        self.set_poison(e.clone());
-                    }
-                }
-                r
-            }
-        };
-        self.turn_now.store(ticket + 1, Ordering::SeqCst);
-        if self.turn_waiters.load(Ordering::SeqCst) > 0 {
-            let _t = self.turn.lock().unwrap();
-            self.turn_cv.notify_all();
+        let mut st = self.wait_turn(ticket)?;
+        if let Some(e) = self.poisoned() {
+            return Err(e);
         }
-        result
+        st.call_timeout = timeout;
+        st.issued = issued;
+        let r = f(self, &mut st);
+        st.issued = None;
+        // The success is built anew rather than `r` moved: see `numbered`.
+        match r {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.call_failed(&mut st, e)),
+        }
+    }
+
+    /// A call failed with `e`: its error in the job's numbering too, the
+    /// flight record and trace written, and, unless only this call is
+    /// affected, the communicator poisoned (before the turn passes: the
+    /// next call fails with this cause, not with the closed links).
+    #[cold]
+    #[inline(never)]
+    fn call_failed(&self, st: &mut State, e: Error) -> Error {
+        let e = e.in_world(&self.world, &self.peers);
+        // Every survivor of a failure leaves its account.
+        if let Some(dir) = &self.config.flight_dir {
+            if let Err(d) = self.dump_flight(dir, &e.to_string()) {
+                tracing::warn!("oxccl: {d}");
+            }
+        }
+        self.flush_trace();
+        if !e.is_local() {
+            st.net.close_all();
+            self.set_poison(e.clone());
+        }
+        e
     }
 
     /// Run one collective's schedule with the given buffers.
@@ -1449,6 +1435,15 @@ impl Inner {
         if let Some(t) = &self.tracer {
             let algorithm = self.last_algorithm.load(Ordering::Relaxed);
             t.call_ended(seq, algorithm, r.is_err());
+        }
+        // Built anew rather than `r` moved: a move copies the whole
+        // `Result` (an `Error` is about a hundred bytes) in wide loads
+        // over the narrow store of its tag, which cannot be forwarded, so
+        // the load waits until every store before it has reached the
+        // cache, the slot this call published on a peer's core among
+        // them (a third of a 2-rank 8-byte broadcast's root, `perf`).
+        if r.is_ok() {
+            return Ok(());
         }
         r
     }
@@ -1769,8 +1764,6 @@ impl Drop for Inner {
         if let Ok(mut s) = self.sender.lock() {
             s.goodbye();
         }
-        if let Ok(mut st) = self.state.lock() {
-            st.net.close_all();
-        }
+        self.state.get_mut().net.close_all();
     }
 }

@@ -34,6 +34,7 @@ pub mod sys;
 pub mod trace;
 pub mod transport;
 mod tune;
+mod turns;
 pub mod types;
 mod wait;
 pub mod wire;

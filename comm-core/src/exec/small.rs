@@ -79,7 +79,7 @@ const FINISH_EVERY: u32 = 8;
 pub(crate) const PAGE: usize = DATA + DEPTH * SLOT;
 
 // Control words of a page (each group on its own cache line).
-/// Slot `q`'s publication: `[ready: u32 (low half of s + 1), waiters: u32]`
+/// Slot `q`'s publication: `[ready: u32 (low half of s + 1), unused: u32]`
 /// at `64 q`, then the fingerprint (two words), `s + 1` and the ids of
 /// the registered buffers passed (0: plain memory), as a direct call
 /// names them; then, at [`INLINE_AT`], the data of a call whose slot
@@ -93,15 +93,23 @@ const SLOT_WORDS: usize = 0;
 const INLINE_AT: usize = 40;
 const INLINE: usize = 64 - INLINE_AT;
 /// `[finished: u32 (low half of s + 1 of the last call this rank
-/// finished on this path; calls finish in order), waiters: u32]`.
+/// finished on this path; calls finish in order)]`.
 const FINISHED: usize = 64 * DEPTH;
 /// The call this rank runs on the general path: `[s + 1, fp, fp]`, with
 /// [`PHASED`] set in `s + 1` when it runs in phases (direct steps).
 const GENERAL: usize = FINISHED + 64;
 /// The flag of a general call that runs in phases rather than messages.
 const PHASED: u64 = 1 << 63;
+/// `[sleepers: u32]`: peers asleep on any word of this page (a slot's
+/// `ready`, `finished`), for the rank that stores them to know whether to
+/// wake anyone. On a line of its own, written only by sleepers: a rank
+/// reads it after every store of a word, and a line that peers read (a
+/// publication line) has often moved to the reader's core by then, so a
+/// count kept beside the word cost a cache miss per call (a third of a
+/// 2-rank 8-byte broadcast's root, `perf`).
+const SLEEPERS: usize = GENERAL + 64;
 /// The slots' data, on the first page boundary after the control words.
-const DATA: usize = (GENERAL + 24).next_multiple_of(4096);
+const DATA: usize = (SLEEPERS + 4).next_multiple_of(4096);
 
 /// This host's ranks' small pages (all of the communicator's ranks).
 pub(crate) struct SmallPages {
@@ -164,8 +172,8 @@ impl SmallPages {
         self.word32(rank, SLOT_WORDS + 64 * q)
     }
 
-    fn waiters(&self, rank: usize, q: usize) -> &AtomicU32 {
-        self.word32(rank, SLOT_WORDS + 64 * q + 4)
+    fn sleepers(&self, rank: usize) -> &AtomicU32 {
+        self.word32(rank, SLEEPERS)
     }
 
     /// Slot `q`'s published call: fingerprint words, `s + 1`, buffer ids.
@@ -183,11 +191,12 @@ impl SmallPages {
         self.word32(rank, FINISHED)
     }
 
-    /// The futex word a waiter sleeps on and its count of sleepers.
+    /// The futex word a waiter sleeps on, and the count of sleepers on
+    /// the page that holds it.
     fn futex(&self, rank: usize, q: usize, word: Word) -> (&AtomicU32, &AtomicU32) {
         match word {
-            Word::Ready => (self.ready(rank, q), self.waiters(rank, q)),
-            Word::Finished => (self.finished(rank), self.word32(rank, FINISHED + 4)),
+            Word::Ready => (self.ready(rank, q), self.sleepers(rank)),
+            Word::Finished => (self.finished(rank), self.sleepers(rank)),
         }
     }
 
