@@ -162,8 +162,12 @@ impl Coll {
         root: usize,
         in_place: bool,
     ) -> Result<()> {
-        let n = comm.nranks();
-        let (next, prev) = ((comm.rank() + 1) % n, (comm.rank() + n - 1) % n);
+        // The ring neighbours, for send/recv only (two divisions: not part
+        // of every other call's time).
+        let ring = || {
+            let n = comm.nranks();
+            ((comm.rank() + 1) % n, (comm.rank() + n - 1) % n)
+        };
         match (self, in_place) {
             (Coll::AllReduce, false) => comm.all_reduce(&b.send, &mut b.recv, op),
             (Coll::AllReduce, true) => comm.all_reduce_in_place(&mut b.recv, op),
@@ -177,8 +181,14 @@ impl Coll {
             (Coll::Reduce, true) => comm.reduce_in_place(&mut b.recv, op, root),
             (Coll::AllToAll, false) => comm.all_to_all(&b.send, &mut b.recv),
             (Coll::AllToAll, true) => comm.all_to_all_in_place(&mut b.recv),
-            (Coll::SendRecv, false) => comm.send_recv(&b.send, next, &mut b.recv, prev),
-            (Coll::SendRecv, true) => comm.send_recv_replace(&mut b.recv, next, prev),
+            (Coll::SendRecv, false) => {
+                let (next, prev) = ring();
+                comm.send_recv(&b.send, next, &mut b.recv, prev)
+            }
+            (Coll::SendRecv, true) => {
+                let (next, prev) = ring();
+                comm.send_recv_replace(&mut b.recv, next, prev)
+            }
         }
     }
 

@@ -1304,6 +1304,12 @@ impl Inner {
         if !self.poisoned.load(Ordering::Acquire) {
             return None;
         }
+        self.poison_cause()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn poison_cause(&self) -> Option<Error> {
         self.poison.lock().unwrap().clone()
     }
 
@@ -1339,19 +1345,29 @@ impl Inner {
 
     /// Wait for `ticket`'s turn: the call state, for this call alone.
     /// An abort ends the wait (the communicator is failed).
-    #[inline]
+    #[inline(always)]
     fn wait_turn(&self, ticket: Ticket) -> Result<Turn<'_, State>> {
-        self.state
+        match self
+            .state
             .wait(ticket, || self.aborted.load(Ordering::Acquire))
-            .map_err(|no| match no {
-                NoTurn::GaveUp => self.poisoned().unwrap_or(Error::Aborted {
-                    by: None,
-                    world_by: None,
-                }),
-                NoTurn::Broken => Error::Protocol(
-                    "an earlier call on this communicator panicked; its state is unknown".into(),
-                ),
-            })
+        {
+            Ok(turn) => Ok(turn),
+            Err(no) => Err(self.no_turn(no)),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn no_turn(&self, no: NoTurn) -> Error {
+        match no {
+            NoTurn::GaveUp => self.poisoned().unwrap_or(Error::Aborted {
+                by: None,
+                world_by: None,
+            }),
+            NoTurn::Broken => Error::Protocol(
+                "an earlier call on this communicator panicked; its state is unknown".into(),
+            ),
+        }
     }
 
     /// The call state at the next turn (for work between calls, such as
