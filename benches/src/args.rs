@@ -60,6 +60,9 @@ pub struct Args {
     /// 0 = forever.
     pub run_cycles: usize,
     pub np: Option<usize>,
+    /// `--bind`: each `--np` rank on a core of its own (the default, as
+    /// `mpirun` binds), or wherever the scheduler puts it.
+    pub bind_cores: bool,
     /// `-t` and `-g`: this process runs `nthreads * ngpus` ranks (what
     /// nccl-tests drives per process), one thread each, each on GPU
     /// `local % gpus`.
@@ -104,6 +107,7 @@ impl Default for Args {
             json: None,
             run_cycles: 1,
             np: None,
+            bind_cores: true,
             nthreads: 1,
             ngpus: 1,
             transport: None,
@@ -148,6 +152,7 @@ USAGE: <collective>_perf
   [-J,--output_file <file>]              write results as JSON
   oxccl additions:
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
+  [--bind <cores|none>]                  --np ranks each on a core of its own while there are enough (default cores, as mpirun binds)
   [--transport <auto|tcp|shm|rdma>]      force a transport
   [--algo <auto|NAME>]                   force an algorithm (ring, oneshot, chain, direct, ...)
   [--registered]                         use communicator-registered buffers (with --mem cuda: CUDA IPC buffers)
@@ -288,6 +293,13 @@ impl Args {
                         oxccl::settings::count(&flag, &val, 1, MAX_LOCAL_RANKS)
                             .map_err(|e| e.to_string())?,
                     )
+                }
+                "--bind" => {
+                    a.bind_cores = match val.as_str() {
+                        "cores" => true,
+                        "none" => false,
+                        _ => return Err(format!("--bind takes cores or none, not {val:?}")),
+                    }
                 }
                 "--transport" => a.transport = Some(val).filter(|t| t != "auto"),
                 "--algo" => a.algo = Some(val),

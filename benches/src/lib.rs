@@ -21,7 +21,7 @@ pub mod report;
 pub use args::Args;
 pub use coll::Coll;
 
-use oxccl::launch::{self, Launch, Output};
+use oxccl::launch::{self, Bind, Launch, Output};
 use oxccl::selftest::TestElem;
 use oxccl::{with_dtype, Communicator, Config, DataType, ReduceOp, UniqueId};
 use report::{Measure, Row};
@@ -54,6 +54,10 @@ pub fn main(coll: Coll) -> i32 {
                 kill_after: Duration::from_secs(3),
                 env: Vec::new(),
                 max_restarts: 0,
+                bind: match args.bind_cores {
+                    true => Bind::Cores,
+                    false => Bind::None,
+                },
             });
         }
     }

@@ -13,7 +13,7 @@
 //! name their include directories. Without them the C test is skipped,
 //! unless `OXCCL_REQUIRE_NCCL_H=1` (CI sets it) makes that a failure.
 
-use oxccl::launch::{run, Launch, Output};
+use oxccl::launch::{run, Bind, Launch, Output};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -74,6 +74,7 @@ fn launch(
         .chain(env.iter().map(|(k, v)| (k.to_string(), v.to_string())))
         .collect(),
         max_restarts: 0,
+        bind: Bind::None,
     })
 }
 

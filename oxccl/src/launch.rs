@@ -30,6 +30,21 @@ pub enum Output {
     Rank0,
 }
 
+/// Where each rank may run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bind {
+    /// Wherever the launcher may (ranks inherit its affinity mask).
+    None,
+    /// Rank `r` on the `r`-th CPU of the launcher's mask alone, as
+    /// `mpirun` binds ranks to cores by default: two ranks never share a
+    /// core while another idles (a rank that spins for a peer on its own
+    /// core then waits for the peer, not for the scheduler). For ranks of
+    /// one thread each (benchmarks); a rank that runs threads of its own
+    /// (a trainer's compute pool) wants `None`. With fewer CPUs than
+    /// ranks, nothing is bound (and the launch says so).
+    Cores,
+}
+
 /// What to launch.
 #[derive(Clone, Debug)]
 pub struct Launch {
@@ -43,6 +58,8 @@ pub struct Launch {
     pub env: Vec<(String, String)>,
     /// Times the whole job is started again after a rank failed.
     pub max_restarts: usize,
+    /// Where each rank may run.
+    pub bind: Bind,
 }
 
 /// Whether this process already runs as a rank under some launcher.
@@ -138,6 +155,32 @@ fn die_with_parent(cmd: &mut Command) {
     }
 }
 
+/// The CPU of each rank under `bind` (`None`: leave ranks where they are).
+fn cpus_to_bind(bind: Bind, nranks: usize) -> Option<Vec<usize>> {
+    if bind == Bind::None {
+        return None;
+    }
+    let cpus = comm_core::sys::allowed_cpus();
+    if cpus.len() < nranks {
+        eprintln!(
+            "oxrun: {nranks} ranks on {} CPUs: not binding ranks to cores",
+            cpus.len()
+        );
+        return None;
+    }
+    Some(cpus)
+}
+
+/// Start the command bound to `cpu` alone.
+fn bind_to(cmd: &mut Command, cpu: usize) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs between fork and exec and makes one
+    // system call, allocating nothing (`bind_to_cpu`).
+    unsafe {
+        cmd.pre_exec(move || comm_core::sys::bind_to_cpu(cpu));
+    }
+}
+
 fn signal_all(children: &mut [Option<Child>], sig: i32) {
     for c in children.iter().flatten() {
         // SAFETY: sending a signal to a child we spawned and have not reaped.
@@ -194,6 +237,7 @@ fn attempt(l: &Launch, restart: usize) -> (i32, bool) {
         }
     };
     let n = l.nranks;
+    let cpus = cpus_to_bind(l.bind, n);
     let mut children: Vec<Option<Child>> = Vec::new();
     let mut pumps = Vec::new();
     for rank in 0..n {
@@ -220,6 +264,9 @@ fn attempt(l: &Launch, restart: usize) -> (i32, bool) {
             cmd.env(k, v);
         }
         die_with_parent(&mut cmd);
+        if let Some(cpus) = &cpus {
+            bind_to(&mut cmd, cpus[rank]);
+        }
         match cmd.spawn() {
             Ok(mut c) => {
                 let (out_mode, err_prefix) = match l.output {

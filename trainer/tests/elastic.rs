@@ -3,7 +3,7 @@
 //! restarted from its last checkpoint, finishing with the state of a run
 //! that was never interrupted, bit for bit.
 
-use oxccl::launch::{self, Launch, Output};
+use oxccl::launch::{self, Bind, Launch, Output};
 use std::time::{Duration, Instant};
 
 const STEPS: u64 = 150;
@@ -34,6 +34,7 @@ fn launch(ckpt: &str, metrics: &str, max_restarts: usize) -> Launch {
         kill_after: Duration::from_secs(2),
         env: vec![("OXCCL_TIMEOUT".into(), "60".into())],
         max_restarts,
+        bind: Bind::None,
     }
 }
 

@@ -100,16 +100,19 @@ const FINISHED: usize = 64 * DEPTH;
 const GENERAL: usize = FINISHED + 64;
 /// The flag of a general call that runs in phases rather than messages.
 const PHASED: u64 = 1 << 63;
-/// `[sleepers: u32]`: peers asleep on any word of this page (a slot's
-/// `ready`, `finished`), for the rank that stores them to know whether to
-/// wake anyone. On a line of its own, written only by sleepers: a rank
-/// reads it after every store of a word, and a line that peers read (a
-/// publication line) has often moved to the reader's core by then, so a
-/// count kept beside the word cost a cache miss per call (a third of a
-/// 2-rank 8-byte broadcast's root, `perf`).
+/// `[ready sleepers: u32, finished sleepers: u32]`: peers asleep on any
+/// slot's `ready` of this page, and on its `finished`, for the rank that
+/// stores them to know whether to wake anyone. On a line of its own,
+/// written only by sleepers: a rank reads it after every store of a word,
+/// and a line that peers read (a publication line) has often moved to the
+/// reader's core by then, so a count kept beside the word cost a cache
+/// miss per call (a third of a 2-rank 8-byte broadcast's root, `perf`).
+/// Two counts, not one: a broadcast's root sleeps on its receiver's
+/// `finished` while the receiver publishes call after call, and one count
+/// for both made every publication a wake-up (a system call).
 const SLEEPERS: usize = GENERAL + 64;
 /// The slots' data, on the first page boundary after the control words.
-const DATA: usize = (SLEEPERS + 4).next_multiple_of(4096);
+const DATA: usize = (SLEEPERS + 8).next_multiple_of(4096);
 
 /// This host's ranks' small pages (all of the communicator's ranks).
 pub(crate) struct SmallPages {
@@ -172,8 +175,11 @@ impl SmallPages {
         self.word32(rank, SLOT_WORDS + 64 * q)
     }
 
-    fn sleepers(&self, rank: usize) -> &AtomicU32 {
-        self.word32(rank, SLEEPERS)
+    fn sleepers(&self, rank: usize, word: Word) -> &AtomicU32 {
+        match word {
+            Word::Ready => self.word32(rank, SLEEPERS),
+            Word::Finished => self.word32(rank, SLEEPERS + 4),
+        }
     }
 
     /// Slot `q`'s published call: fingerprint words, `s + 1`, buffer ids.
@@ -191,12 +197,12 @@ impl SmallPages {
         self.word32(rank, FINISHED)
     }
 
-    /// The futex word a waiter sleeps on, and the count of sleepers on
-    /// the page that holds it.
+    /// The futex word a waiter sleeps on, and the count of its kind's
+    /// sleepers on the page that holds it.
     fn futex(&self, rank: usize, q: usize, word: Word) -> (&AtomicU32, &AtomicU32) {
         match word {
-            Word::Ready => (self.ready(rank, q), self.sleepers(rank)),
-            Word::Finished => (self.finished(rank), self.sleepers(rank)),
+            Word::Ready => (self.ready(rank, q), self.sleepers(rank, word)),
+            Word::Finished => (self.finished(rank), self.sleepers(rank, word)),
         }
     }
 

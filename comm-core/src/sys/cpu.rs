@@ -24,6 +24,41 @@ pub fn affinity() -> Vec<u8> {
     bytes
 }
 
+/// The CPUs of this thread's affinity mask, lowest first (empty when the
+/// kernel does not say).
+pub fn allowed_cpus() -> Vec<usize> {
+    affinity()
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| {
+            (0..8)
+                .filter(move |k| b & (1 << k) != 0)
+                .map(move |k| i * 8 + k)
+        })
+        .collect()
+}
+
+/// Restrict the calling thread, and every thread and process it starts
+/// later, to CPU `cpu` (below 8192). Allocates nothing and makes one
+/// system call, so a child may call it between fork and exec.
+pub fn bind_to_cpu(cpu: usize) -> std::io::Result<()> {
+    let mut words = [0u64; 128];
+    if cpu >= words.len() * 64 {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    words[cpu / 64] = 1 << (cpu % 64);
+    // SAFETY: the buffer is a readable bit array of the size passed, the
+    // layout of `cpu_set_t` (a larger set is read the same).
+    let r = unsafe {
+        libc::sched_setaffinity(
+            0,
+            std::mem::size_of_val(&words),
+            words.as_ptr() as *const libc::cpu_set_t,
+        )
+    };
+    super::cvt(r).map(|_| ())
+}
+
 /// The size of the last-level cache of the first CPU this thread may run
 /// on (the largest of its highest level, as the kernel reports it under
 /// `/sys/devices/system/cpu/cpuN/cache`); `None` when the kernel does not
@@ -62,6 +97,20 @@ mod tests {
         if let Some(b) = super::last_level_cache() {
             assert!(b >= 4 << 10, "{b}");
         }
+    }
+
+    #[test]
+    fn a_thread_bound_to_a_cpu_runs_there_alone() {
+        let cpus = super::allowed_cpus();
+        let last = *cpus.last().expect("some CPU");
+        // On a thread of its own: the test harness's threads keep theirs.
+        std::thread::spawn(move || {
+            super::bind_to_cpu(last).unwrap();
+            assert_eq!(super::allowed_cpus(), vec![last]);
+        })
+        .join()
+        .unwrap();
+        assert!(super::bind_to_cpu(1 << 20).is_err());
     }
 
     #[test]

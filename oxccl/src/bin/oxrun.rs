@@ -3,8 +3,13 @@
 //! whole job when one rank fails.
 //!
 //! ```text
-//! oxrun -n 4 [--kill-after SECS] [--max-restarts K] [--no-prefix] [--] PROGRAM [ARGS...]
+//! oxrun -n 4 [--kill-after SECS] [--max-restarts K] [--bind none|cores] [--no-prefix] [--] PROGRAM [ARGS...]
 //! ```
+//!
+//! `--bind cores`: rank `r` runs on the `r`-th CPU of oxrun's affinity
+//! mask alone (as `mpirun` binds by default), for ranks of one thread
+//! each; the default, `none`, leaves ranks wherever oxrun may run, as
+//! torchrun does (a rank with a compute pool of its own needs cores).
 //!
 //! `--max-restarts K`: when a rank fails, stop the others and start every
 //! rank again, up to K times (torchrun's elastic restarts); the program
@@ -17,16 +22,17 @@
 //! for torchrun work) and the same as `OXCCL_*`. For several hosts, use the
 //! cluster's launcher (srun, mpirun, torchrun) instead: see the README.
 
-use oxccl::launch::{self, Launch, Output};
+use oxccl::launch::{self, Bind, Launch, Output};
 use std::time::Duration;
 
 const USAGE: &str =
-    "usage: oxrun -n N [--kill-after SECS] [--max-restarts K] [--no-prefix] [--] PROGRAM [ARGS...]";
+    "usage: oxrun -n N [--kill-after SECS] [--max-restarts K] [--bind none|cores] [--no-prefix] [--] PROGRAM [ARGS...]";
 
 struct Opts {
     n: usize,
     kill_after: Duration,
     max_restarts: usize,
+    bind: Bind,
     prefix: bool,
     program: String,
     args: Vec<String>,
@@ -37,6 +43,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
     let mut kill_after = Duration::from_secs(3);
     let mut prefix = true;
     let mut max_restarts = 0;
+    let mut bind = Bind::None;
     let mut rest = Vec::new();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -62,6 +69,14 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
                 let v = it.next().ok_or("missing value for --max-restarts")?;
                 max_restarts = oxccl::settings::count("--max-restarts", &v, 0, 1000)
                     .map_err(|e| e.to_string())?;
+            }
+            "--bind" => {
+                bind = match it.next().as_deref() {
+                    Some("none") => Bind::None,
+                    Some("cores") => Bind::Cores,
+                    Some(v) => return Err(format!("--bind takes none or cores, not {v:?}")),
+                    None => return Err("missing value for --bind (none or cores)".into()),
+                }
             }
             "--no-prefix" => prefix = false,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -91,6 +106,7 @@ fn parse(mut it: impl Iterator<Item = String>) -> Result<Opts, String> {
         n,
         kill_after,
         max_restarts,
+        bind,
         prefix,
         program,
         args: rest,
@@ -118,6 +134,7 @@ fn main() {
         kill_after: opts.kill_after,
         env: Vec::new(),
         max_restarts: opts.max_restarts,
+        bind: opts.bind,
     });
     std::process::exit(code);
 }
