@@ -79,6 +79,58 @@ fn oxrun_reports_a_killed_rank_and_stops_the_others() {
     );
 }
 
+/// Each rank's `Cpus_allowed_list`, by rank, from `oxrun -n N ARGS -- sh`.
+fn allowed_cpus_under_oxrun(n: usize, args: &[&str]) -> (Vec<String>, String) {
+    let out = Command::new(OXRUN)
+        .args(["-n", &n.to_string()])
+        .args(args)
+        .args(["--", "sh", "-c", "grep Cpus_allowed_list /proc/self/status"])
+        .output()
+        .expect("run oxrun");
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lists: Vec<(usize, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let (rank, rest) = l.strip_prefix('[')?.split_once("] ")?;
+            let list = rest.strip_prefix("Cpus_allowed_list:")?.trim();
+            Some((rank.parse().ok()?, list.to_string()))
+        })
+        .collect();
+    lists.sort();
+    let lists = lists.into_iter().map(|(_, l)| l).collect();
+    (lists, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn oxrun_binds_each_rank_to_a_core_of_its_own_when_asked() {
+    // The CPUs of this process's mask (`nproc` counts the mask; std's
+    // count is less under a CPU quota).
+    let nproc = Command::new("nproc").output().expect("nproc");
+    let cpus: usize = String::from_utf8_lossy(&nproc.stdout).trim().parse().unwrap();
+    let (unbound, _) = allowed_cpus_under_oxrun(2, &[]);
+    assert_eq!(unbound.len(), 2, "{unbound:?}");
+    assert_eq!(unbound[0], unbound[1], "unbound ranks share the launcher's mask");
+    if cpus >= 2 {
+        let (bound, _) = allowed_cpus_under_oxrun(2, &["--bind", "cores"]);
+        assert_eq!(bound.len(), 2, "{bound:?}");
+        for list in &bound {
+            assert!(list.parse::<usize>().is_ok(), "one CPU each: {bound:?}");
+        }
+        assert_ne!(bound[0], bound[1], "a CPU each: {bound:?}");
+    }
+    // More ranks than CPUs: nothing bound, and the launch says so.
+    let (many, err) = allowed_cpus_under_oxrun(cpus + 1, &["--bind", "cores"]);
+    assert!(many.iter().all(|l| *l == unbound[0]), "{many:?}");
+    assert!(err.contains("not binding ranks to cores"), "{err}");
+    let bad = Command::new(OXRUN)
+        .args(["-n", "2", "--bind", "sockets", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--bind takes none or cores"));
+}
+
 #[test]
 fn oxrun_rejects_bad_usage() {
     let out = Command::new(OXRUN).arg("-n").arg("x").output().unwrap();
