@@ -55,7 +55,7 @@ pub fn main(coll: Coll) -> i32 {
                 env: Vec::new(),
                 max_restarts: 0,
                 bind: match args.bind_cores {
-                    true => Bind::Cores,
+                    true => Bind::cores_if_enough(np),
                     false => Bind::None,
                 },
             });

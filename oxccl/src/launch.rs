@@ -45,6 +45,17 @@ pub enum Bind {
     Cores,
 }
 
+impl Bind {
+    /// `Cores` when this process may run on at least `nranks` CPUs, else
+    /// `None` (a default that binds where it can and says nothing).
+    pub fn cores_if_enough(nranks: usize) -> Bind {
+        match comm_core::sys::allowed_cpus().len() >= nranks {
+            true => Bind::Cores,
+            false => Bind::None,
+        }
+    }
+}
+
 /// What to launch.
 #[derive(Clone, Debug)]
 pub struct Launch {

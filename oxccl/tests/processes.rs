@@ -107,10 +107,16 @@ fn oxrun_binds_each_rank_to_a_core_of_its_own_when_asked() {
     // The CPUs of this process's mask (`nproc` counts the mask; std's
     // count is less under a CPU quota).
     let nproc = Command::new("nproc").output().expect("nproc");
-    let cpus: usize = String::from_utf8_lossy(&nproc.stdout).trim().parse().unwrap();
+    let cpus: usize = String::from_utf8_lossy(&nproc.stdout)
+        .trim()
+        .parse()
+        .unwrap();
     let (unbound, _) = allowed_cpus_under_oxrun(2, &[]);
     assert_eq!(unbound.len(), 2, "{unbound:?}");
-    assert_eq!(unbound[0], unbound[1], "unbound ranks share the launcher's mask");
+    assert_eq!(
+        unbound[0], unbound[1],
+        "unbound ranks share the launcher's mask"
+    );
     if cpus >= 2 {
         let (bound, _) = allowed_cpus_under_oxrun(2, &["--bind", "cores"]);
         assert_eq!(bound.len(), 2, "{bound:?}");
