@@ -109,7 +109,7 @@ const PHASED: u64 = 1 << 63;
 /// miss per call (a third of a 2-rank 8-byte broadcast's root, `perf`).
 /// Two counts, not one: a broadcast's root sleeps on its receiver's
 /// `finished` while the receiver publishes call after call, and one count
-/// for both made every publication a wake-up (a system call).
+/// for both would make every publication a wake-up (a system call).
 const SLEEPERS: usize = GENERAL + 64;
 /// The slots' data, on the first page boundary after the control words.
 const DATA: usize = (SLEEPERS + 8).next_multiple_of(4096);
