@@ -152,7 +152,8 @@ USAGE: <collective>_perf
   [-J,--output_file <file>]              write results as JSON
   oxccl additions:
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
-  [--bind <cores|none>]                  --np ranks each on a core of its own while there are enough (default cores, as mpirun binds)
+  [--bind <cores|none>]                  --np ranks each on a core of its own while there are enough (default cores, as mpirun
+                                         binds; only for one rank per process on host memory)
   [--transport <auto|tcp|shm|rdma>]      force a transport
   [--algo <auto|NAME>]                   force an algorithm (ring, oneshot, chain, direct, ...)
   [--registered]                         use communicator-registered buffers (with --mem cuda: CUDA IPC buffers)

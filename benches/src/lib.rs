@@ -54,7 +54,13 @@ pub fn main(coll: Coll) -> i32 {
                 kill_after: Duration::from_secs(3),
                 env: Vec::new(),
                 max_restarts: 0,
-                bind: match args.bind_cores {
+                // A core per rank only where a process is one rank on host
+                // memory: `-t`/`-g` ranks are threads of one process, and a
+                // device rank's driver runs threads of its own.
+                bind: match args.bind_cores
+                    && args.nthreads * args.ngpus == 1
+                    && args.mem == args::Mem::Host
+                {
                     true => Bind::cores_if_enough(np),
                     false => Bind::None,
                 },
