@@ -27,7 +27,8 @@ use std::time::Duration;
 const SLICE: Duration = Duration::from_millis(1);
 
 /// A place in the order of calls (tickets wrap; only equality matters).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Not `Copy`: a ticket is waited for once.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "a ticket not waited for blocks every later one"]
 pub(crate) struct Ticket(u32);
 
@@ -87,7 +88,7 @@ impl<T> Turns<T> {
         give_up: impl Fn() -> bool,
     ) -> Result<Turn<'_, T>, NoTurn> {
         if self.now.load(Ordering::Acquire) != ticket.0 {
-            self.sleep_until(ticket, give_up)?;
+            self.sleep_until(&ticket, give_up)?;
         }
         self.turn(ticket)
     }
@@ -106,7 +107,7 @@ impl<T> Turns<T> {
     }
 
     #[cold]
-    fn sleep_until(&self, ticket: Ticket, give_up: impl Fn() -> bool) -> Result<(), NoTurn> {
+    fn sleep_until(&self, ticket: &Ticket, give_up: impl Fn() -> bool) -> Result<(), NoTurn> {
         self.sleepers.fetch_add(1, Ordering::SeqCst);
         let waited = loop {
             let now = self.now.load(Ordering::Acquire);

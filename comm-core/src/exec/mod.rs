@@ -343,11 +343,7 @@ fn execute_with(
         ),
     };
     let mut settling = probe && large;
-    for link in net.links.iter_mut().flatten() {
-        if link.copies_through_memory() {
-            link.stream_writes(stage_streams);
-        }
-    }
+    stage_writes_on_links(&mut net.links, stage_streams);
     // Which copies stream (`final_copy`): a local copy (`local`) may also
     // move the own input, unless peers read this rank's output during the
     // call, and then none of its local copies into it stream.
@@ -1032,11 +1028,7 @@ fn execute_with(
         if settling {
             if let Some(streams) = handoff.settle() {
                 (settling, probe, stage_streams) = (false, false, streams);
-                for link in net.links.iter_mut().flatten() {
-                    if link.copies_through_memory() {
-                        link.stream_writes(streams);
-                    }
-                }
+                stage_writes_on_links(&mut net.links, streams);
             }
         }
         if progressed {
@@ -1093,6 +1085,16 @@ fn execute_with(
 
 /// A probe's step `action`, started at `t0`, ended now: the gauge counts
 /// this rank's copies into its staging and out of peers'.
+/// Tell the links that copy through memory whether their staging writes
+/// stream.
+fn stage_writes_on_links(links: &mut [Option<Box<dyn Link>>], streams: bool) {
+    for link in links.iter_mut().flatten() {
+        if link.copies_through_memory() {
+            link.stream_writes(streams);
+        }
+    }
+}
+
 fn handoff_step(gauge: &mut handoff::Handoff, action: &Action, es: usize, t0: crate::sys::Stamp) {
     let ns = || crate::sys::Stamp::now().ns_since(t0);
     match *action {

@@ -200,10 +200,11 @@ impl SmallPages {
     /// The futex word a waiter sleeps on, and the count of its kind's
     /// sleepers on the page that holds it.
     fn futex(&self, rank: usize, q: usize, word: Word) -> (&AtomicU32, &AtomicU32) {
-        match word {
-            Word::Ready => (self.ready(rank, q), self.sleepers(rank, word)),
-            Word::Finished => (self.finished(rank), self.sleepers(rank, word)),
-        }
+        let w = match word {
+            Word::Ready => self.ready(rank, q),
+            Word::Finished => self.finished(rank),
+        };
+        (w, self.sleepers(rank, word))
     }
 
     /// Store `v` in this rank's `word` of slot `q`, waking its sleepers.
