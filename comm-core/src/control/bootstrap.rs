@@ -624,7 +624,10 @@ impl Control {
     }
 
     fn poll_inner(&mut self) -> Option<ControlEvent> {
-        let mut tmp = [0u8; 4096];
+        // Small: calls poll every millisecond, and clearing a larger
+        // buffer each time showed in their profile; notices are short
+        // and the loop reads until the socket is empty.
+        let mut tmp = [0u8; 512];
         loop {
             match self.stream.read(&mut tmp) {
                 Ok(0) => {
