@@ -29,14 +29,20 @@
 //! placement being the same for both directions of a pair, a rank's
 //! copies stand for its peers'. `OXCCL_STAGE_WRITES` forces either way.
 //!
-//! A large call (from [`SETTLED_IN_CALL`] bytes: a 4-rank 256 MiB
-//! all_reduce takes 75-250 ms) probes at its own start instead: every
-//! rank writes its first pieces through its cache and judges each
-//! [`JUDGE_BYTES`] of them, and the call's remaining writes follow as soon
-//! as the judgements settle ([`Handoff::settle`]: one that finds the rates
-//! close, or two crossed in a row). Probing every eighth call, a
-//! benchmark of five such calls ended before a split placement could
-//! stream (docs/PERFORMANCE.md, sixteenth round).
+//! A probe call of [`SETTLES_FROM`] bytes or more settles within
+//! itself: it writes its first pieces through its cache and judges them
+//! by [`Handoff::judge_bytes`] at a time, and the rest of its writes
+//! follow as soon as the judgements settle ([`Handoff::settle`]: one that
+//! finds the rates close, or two crossed in a row, or one crossed after
+//! the gauge already streamed). Judging only at the end of a probe, two
+//! probes eight calls apart, a 2-rank 16 MiB all_gather ran cached
+//! through most of a benchmark caught split, at 1.6-1.9x Open MPI's time
+//! and 2-2.8x its own with streamed writes (docs/PERFORMANCE.md,
+//! eighteenth round). A large call (from [`EVERY_CALL_FROM`] bytes: a
+//! 4-rank 256 MiB all_reduce takes 75-250 ms) probes at its own start
+//! whatever its number: probing every eighth call, a benchmark of five
+//! such calls ended before a split placement could stream (sixteenth
+//! round).
 //!
 //! Pure state: the executor times the steps and reports them.
 
@@ -50,12 +56,23 @@ pub(crate) const PROBE_EVERY: u64 = 8;
 const MIN_BYTES: u64 = 256 << 10;
 
 /// The least bytes of input or output of a call that probes at its own
-/// start and settles within the call ([`Handoff::settle`]).
-pub(crate) const SETTLED_IN_CALL: usize = 32 << 20;
+/// start, whatever its number.
+pub(crate) const EVERY_CALL_FROM: usize = 32 << 20;
 
-/// Bytes of reads and of writes each judgement within a call takes
+/// The least bytes of input or output of a probe call that settles
+/// within itself ([`Handoff::settle`]): room for a few judgements of at
+/// least [`MIN_BYTES`].
+pub(crate) const SETTLES_FROM: usize = 4 << 20;
+
+/// Judgements the gauge makes before calls that settle within
+/// themselves probe only every [`PROBE_EVERY`]: the first (staging
+/// written for the first time, its page faults timed) may read either
+/// way, and streaming takes two crossed in a row.
+const FIRST_JUDGEMENTS: u8 = 3;
+
+/// Bytes of reads and of writes a judgement within a call takes at most
 /// (the copy-in's 4-rank pieces are about 340 KiB: a dozen of them).
-const JUDGE_BYTES: u64 = 4 << 20;
+const JUDGE_MAX: u64 = 4 << 20;
 
 /// Reads of peers' staged pieces and writes into the rank's own staging
 /// (bytes per second) this far apart: the pieces crossed between caches.
@@ -87,21 +104,37 @@ pub(crate) struct Handoff {
     /// 2: streaming starts at the second, as one preempted copy is not a
     /// placement).
     crossed_in_a_row: u8,
+    /// Judgements made, up to [`FIRST_JUDGEMENTS`].
+    judgements: u8,
     reads: Tally,
     writes: Tally,
 }
 
 impl Handoff {
-    /// Whether call `seq` is a probe: every rank writes through its cache
-    /// and measures (a large call, `large`, at least until it settles).
-    pub fn probing(seq: u64, large: bool) -> bool {
-        large || seq.is_multiple_of(PROBE_EVERY)
+    /// Whether call `seq`, whose largest buffer holds `call_bytes`, is a
+    /// probe: every rank writes through its cache and measures (at least
+    /// until it settles, from [`SETTLES_FROM`] bytes). Every eighth call
+    /// is; a large call always; one that settles within itself also
+    /// while the gauge has made fewer than [`FIRST_JUDGEMENTS`]: the
+    /// ranks' first calls find the placement without waiting for the
+    /// eighth (all ranks have judged alike so far: the same calls, sizes
+    /// and bytes; a rank's judgements are its own, and a rank that
+    /// probes while its peers stream only writes through its cache).
+    pub fn probing(&self, seq: u64, call_bytes: usize) -> bool {
+        call_bytes >= EVERY_CALL_FROM
+            || seq.is_multiple_of(PROBE_EVERY)
+            || (call_bytes >= SETTLES_FROM && self.judgements < FIRST_JUDGEMENTS)
     }
 
-    /// Whether call `seq`'s staging writes stream (a large call's, from
-    /// the start: not until it settles).
-    pub fn streams(&self, seq: u64, large: bool) -> bool {
-        self.crossed_in_a_row >= 2 && !Self::probing(seq, large)
+    /// Whether the probe call of `call_bytes` settles within itself.
+    pub fn settles_in_call(call_bytes: usize) -> bool {
+        call_bytes >= SETTLES_FROM
+    }
+
+    /// Whether call `seq`'s staging writes stream (a probe's, from the
+    /// start: not until it settles).
+    pub fn streams(&self, seq: u64, call_bytes: usize) -> bool {
+        self.crossed_in_a_row >= 2 && !self.probing(seq, call_bytes)
     }
 
     /// A probe's read of `bytes` of peers' staged pieces took `ns`.
@@ -114,13 +147,22 @@ impl Handoff {
         self.writes.add(bytes, ns);
     }
 
-    /// Within a large call that still probes: once enough was moved, a
-    /// judgement; `Some(streams)` when they have settled (rates close:
-    /// through the cache; crossed twice in a row: streamed), and the
-    /// rest of the call writes so without measuring. Each judgement
-    /// counts as a probe for the calls after.
-    pub fn settle(&mut self) -> Option<bool> {
-        if self.reads.bytes < JUDGE_BYTES || self.writes.bytes < JUDGE_BYTES {
+    /// Bytes of reads and of writes each judgement within a call whose
+    /// largest buffer holds `call_bytes` takes: a sixteenth of it, at
+    /// least [`MIN_BYTES`], at most [`JUDGE_MAX`] (a rank stages at most
+    /// its largest buffer; the first judgements must leave most of it to
+    /// stream).
+    pub fn judge_bytes(call_bytes: usize) -> u64 {
+        (call_bytes as u64 / 16).clamp(MIN_BYTES, JUDGE_MAX)
+    }
+
+    /// Within a call that still probes: once `judge` bytes were read and
+    /// written, a judgement; `Some(streams)` when they have settled
+    /// (rates close: through the cache; crossed twice in a row:
+    /// streamed), and the rest of the call writes so without measuring.
+    /// Each judgement counts as a probe for the calls after.
+    pub fn settle(&mut self, judge: u64) -> Option<bool> {
+        if self.reads.bytes < judge || self.writes.bytes < judge {
             return None;
         }
         self.judge();
@@ -146,6 +188,7 @@ impl Handoff {
     /// Judge the tallies, when they hold enough, and start new ones.
     fn judge(&mut self) {
         if let (Some(r), Some(w)) = (self.reads.rate(), self.writes.rate()) {
+            self.judgements = self.judgements.saturating_add(1).min(FIRST_JUDGEMENTS);
             self.crossed_in_a_row = match r.min(w) < CROSSED * r.max(w) {
                 true => (self.crossed_in_a_row + 1).min(2),
                 false => 0,
@@ -167,7 +210,7 @@ mod tests {
         h.read(mib, (mib as f64 / read) as u64);
         h.wrote(mib, (mib as f64 / write) as u64);
         h.ended(true);
-        (1..=PROBE_EVERY).map(|s| h.streams(s, false)).collect()
+        (1..=PROBE_EVERY).map(|s| h.streams(s, 0)).collect()
     }
 
     #[test]
@@ -197,31 +240,31 @@ mod tests {
         let mut h = Handoff::default();
         after_probe(&mut h, 2.0, 50.0);
         after_probe(&mut h, 2.0, 50.0);
-        assert!(h.streams(1, false));
+        assert!(h.streams(1, 0));
         // A call that is not a probe changes nothing, whatever it saw.
         h.read(1 << 20, 1);
         h.wrote(1 << 20, 1 << 30);
         h.ended(false);
-        assert!(h.streams(4, false));
+        assert!(h.streams(4, 0));
         // A probe that moved too little keeps the last decision.
         h.read(4096, 1 << 30);
         h.wrote(4096, 1);
         h.ended(true);
-        assert!(h.streams(2 * PROBE_EVERY + 1, false));
+        assert!(h.streams(2 * PROBE_EVERY + 1, 0));
         // Its tallies do not carry into the next probe.
         h.read(MIN_BYTES as usize, 1);
         h.wrote(MIN_BYTES as usize, 1);
         h.ended(true);
-        assert!(!h.streams(3 * PROBE_EVERY + 1, false));
+        assert!(!h.streams(3 * PROBE_EVERY + 1, 0));
     }
 
-    /// `JUDGE_BYTES` read at `read` and written at `write` GB/s in a
+    /// `JUDGE_MAX` read at `read` and written at `write` GB/s in a
     /// large call, then what `settle` says.
     fn judged(h: &mut Handoff, read: f64, write: f64) -> Option<bool> {
-        let n = JUDGE_BYTES as usize;
+        let n = JUDGE_MAX as usize;
         h.read(n, (n as f64 / read) as u64);
         h.wrote(n, (n as f64 / write) as u64);
-        h.settle()
+        h.settle(JUDGE_MAX)
     }
 
     #[test]
@@ -229,25 +272,68 @@ mod tests {
         let mut h = Handoff::default();
         // Large calls probe whatever their number, and write through the
         // cache until they settle, however the last one ended.
-        assert!(Handoff::probing(3, true) && !Handoff::probing(3, false));
+        assert!(h.probing(3, EVERY_CALL_FROM) && !h.probing(3, 0));
         // Not settled until a judgement's worth of reads and writes.
-        h.read(JUDGE_BYTES as usize - 1, 1);
-        h.wrote(JUDGE_BYTES as usize, 1);
-        assert_eq!(h.settle(), None);
+        h.read(JUDGE_MAX as usize - 1, 1);
+        h.wrote(JUDGE_MAX as usize, 1);
+        assert_eq!(h.settle(JUDGE_MAX), None);
         h.read(1, 1);
         // Close rates settle at once: through the cache.
-        assert_eq!(h.settle(), Some(false));
+        assert_eq!(h.settle(JUDGE_MAX), Some(false));
         // One crossed judgement is not enough; the second settles it.
         assert_eq!(judged(&mut h, 2.0, 50.0), None);
         assert_eq!(judged(&mut h, 2.0, 50.0), Some(true));
         // And counts for the calls after it, as a probe would.
         h.ended(false);
-        assert!(h.streams(3, false));
-        assert!(!h.streams(3, true));
+        assert!(h.streams(3, 0));
+        assert!(!h.streams(3, EVERY_CALL_FROM));
         // The next large call: one crossed judgement keeps streaming,
         // one close one goes back.
         assert_eq!(judged(&mut h, 2.0, 50.0), Some(true));
         assert_eq!(judged(&mut h, 40.0, 35.0), Some(false));
-        assert!(!h.streams(3, false));
+        assert!(!h.streams(3, 0));
+    }
+
+    #[test]
+    fn a_judgement_is_a_sixteenth_of_the_call_within_bounds() {
+        // A 2-rank 16 MiB all_gather stages 8 MiB a rank: two judgements
+        // of 1 MiB leave three quarters of it to stream.
+        assert_eq!(Handoff::judge_bytes(16 << 20), 1 << 20);
+        assert_eq!(Handoff::judge_bytes(SETTLES_FROM), MIN_BYTES);
+        assert_eq!(Handoff::judge_bytes(1 << 20), MIN_BYTES);
+        assert_eq!(Handoff::judge_bytes(256 << 20), JUDGE_MAX);
+        // A mid-sized probe settles on its smaller judgements.
+        let mut h = Handoff::default();
+        let (mib, judge) = (1 << 20, Handoff::judge_bytes(16 << 20));
+        h.read(mib, (mib as f64 / 2.0) as u64);
+        h.wrote(mib, (mib as f64 / 50.0) as u64);
+        assert_eq!(h.settle(judge), None);
+        h.read(mib, (mib as f64 / 2.0) as u64);
+        h.wrote(mib, (mib as f64 / 50.0) as u64);
+        assert_eq!(h.settle(judge), Some(true));
+    }
+
+    #[test]
+    fn calls_that_settle_probe_each_until_the_gauge_has_judged_three_times() {
+        let mut h = Handoff::default();
+        let mid = 16 << 20;
+        let judge = Handoff::judge_bytes(mid) as usize;
+        // Smaller calls wait for the eighth; calls that settle probe now.
+        assert!(!h.probing(3, SETTLES_FROM - 1) && h.probing(3, mid));
+        // The first judgement (page faults) reads close, two crossed.
+        for (read, write, settled) in [
+            (1.2, 0.9, Some(false)),
+            (11.0, 2.4, None),
+            (12.0, 2.1, Some(true)),
+        ] {
+            assert!(h.probing(5, mid));
+            h.read(judge, (judge as f64 / read) as u64);
+            h.wrote(judge, (judge as f64 / write) as u64);
+            assert_eq!(h.settle(judge as u64), settled);
+        }
+        // Judged three times: the next such calls stream, and probe again
+        // only on the eighth.
+        assert!(!h.probing(5, mid) && h.streams(5, mid));
+        assert!(h.probing(PROBE_EVERY, mid) && !h.streams(PROBE_EVERY, mid));
     }
 }

@@ -329,20 +329,23 @@ fn execute_with(
     // of links that copy through memory — stream while this rank's gauge
     // finds staged pieces crossing between caches (`handoff`), unless
     // `OXCCL_STAGE_WRITES` forces either way; a probe call measures (on
-    // every rank at once: the call numbers and sizes are shared), a large
-    // one until its judgements settle (`settling`).
-    let large = bufs
+    // every rank at once: the call numbers and sizes are shared), one of
+    // a few MiB or more until its judgements settle (`settling`).
+    let biggest = bufs
         .iter()
         .take(OUTPUT as usize + 1)
-        .any(|b| b.len >= handoff::SETTLED_IN_CALL);
+        .map(|b| b.len)
+        .max()
+        .unwrap_or(0);
     let (mut probe, mut stage_streams) = match cx.stage_writes {
         Some(forced) => (false, forced),
         None => (
-            handoff::Handoff::probing(cx.seq, large),
-            w.handoff.streams(cx.seq, large),
+            w.handoff.probing(cx.seq, biggest),
+            w.handoff.streams(cx.seq, biggest),
         ),
     };
-    let mut settling = probe && large;
+    let mut settling = probe && handoff::Handoff::settles_in_call(biggest);
+    let judge = handoff::Handoff::judge_bytes(biggest);
     stage_writes_on_links(&mut net.links, stage_streams);
     // Which copies stream (`final_copy`): a local copy (`local`) may also
     // move the own input, unless peers read this rank's output during the
@@ -843,6 +846,15 @@ fn execute_with(
             };
             if let Some(t0) = timed {
                 handoff_step(handoff, &sched.steps[iu].action, es, t0);
+                // Judged here too, not only when the rank waits: a rank
+                // whose peers are always ahead would run its whole call
+                // before looking.
+                if settling {
+                    if let Some(streams) = handoff.settle(judge) {
+                        (settling, probe, stage_streams) = (false, false, streams);
+                        stage_writes_on_links(&mut net.links, streams);
+                    }
+                }
             }
             progressed = true;
             if compute.poll(pending)? {
@@ -1026,7 +1038,7 @@ fn execute_with(
             return Ok(());
         }
         if settling {
-            if let Some(streams) = handoff.settle() {
+            if let Some(streams) = handoff.settle(judge) {
                 (settling, probe, stage_streams) = (false, false, streams);
                 stage_writes_on_links(&mut net.links, streams);
             }
