@@ -850,9 +850,8 @@ fn execute_with(
                 // whose peers are always ahead would run its whole call
                 // before looking.
                 if settling {
-                    if let Some(streams) = handoff.settle(judge) {
+                    if let Some(streams) = settle_staging(handoff, judge, &mut net.links) {
                         (settling, probe, stage_streams) = (false, false, streams);
-                        stage_writes_on_links(&mut net.links, streams);
                     }
                 }
             }
@@ -1038,9 +1037,8 @@ fn execute_with(
             return Ok(());
         }
         if settling {
-            if let Some(streams) = handoff.settle(judge) {
+            if let Some(streams) = settle_staging(handoff, judge, &mut net.links) {
                 (settling, probe, stage_streams) = (false, false, streams);
-                stage_writes_on_links(&mut net.links, streams);
             }
         }
         if progressed {
@@ -1095,8 +1093,6 @@ fn execute_with(
     }
 }
 
-/// A probe's step `action`, started at `t0`, ended now: the gauge counts
-/// this rank's copies into its staging and out of peers'.
 /// Tell the links that copy through memory whether their staging writes
 /// stream.
 fn stage_writes_on_links(links: &mut [Option<Box<dyn Link>>], streams: bool) {
@@ -1107,6 +1103,21 @@ fn stage_writes_on_links(links: &mut [Option<Box<dyn Link>>], streams: bool) {
     }
 }
 
+/// Within a call that settles its staging: once the gauge has settled
+/// (judgements of `judge` bytes), whether the rest of the call's staging
+/// writes stream, the links already told.
+fn settle_staging(
+    gauge: &mut handoff::Handoff,
+    judge: u64,
+    links: &mut [Option<Box<dyn Link>>],
+) -> Option<bool> {
+    let streams = gauge.settle(judge)?;
+    stage_writes_on_links(links, streams);
+    Some(streams)
+}
+
+/// A probe's step `action`, started at `t0`, ended now: the gauge counts
+/// this rank's copies into its staging and out of peers'.
 fn handoff_step(gauge: &mut handoff::Handoff, action: &Action, es: usize, t0: crate::sys::Stamp) {
     let ns = || crate::sys::Stamp::now().ns_since(t0);
     match *action {
