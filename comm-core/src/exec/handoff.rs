@@ -182,9 +182,17 @@ impl Handoff {
     /// each probe judged alone (and too small to) the gauge never decided
     /// for such calls, which on two caches ran at 19-22 us against 5-7
     /// streamed and Open MPI's 7.4 (docs/PERFORMANCE.md, nineteenth
-    /// round).
+    /// round). A rank whose probes only read or only write (an end of a
+    /// chain) has nothing to judge against: its tallies start again
+    /// rather than carry a long history into some later call's
+    /// judgement.
     pub fn ended(&mut self, probed: bool) {
-        if probed && self.reads.rate().is_some() && self.writes.rate().is_some() {
+        if !probed {
+            return;
+        }
+        let (r, w) = (&self.reads, &self.writes);
+        let one_way = (r.rate().is_some() && w.bytes == 0) || (w.rate().is_some() && r.bytes == 0);
+        if (r.rate().is_some() && w.rate().is_some()) || one_way {
             self.judge();
         }
     }
@@ -292,6 +300,25 @@ mod tests {
         let mut expected = vec![false; 2 * per_judgement];
         *expected.last_mut().unwrap() = true;
         assert_eq!(streams, expected);
+    }
+
+    #[test]
+    fn a_rank_that_only_writes_keeps_no_history() {
+        // A chain's first rank writes and never reads: each probe's
+        // writes are dropped once a judgement's worth, so a later call
+        // that reads and writes is judged on its own copies alone.
+        let mut h = Handoff::default();
+        for _ in 0..4 {
+            h.wrote(MIN_BYTES as usize, 1);
+            h.ended(true);
+        }
+        assert_eq!(h.writes.bytes, 0);
+        assert_eq!(h.judgements, 0, "nothing was judged");
+        h.read(MIN_BYTES as usize, 1);
+        h.wrote(MIN_BYTES as usize, 1);
+        h.ended(true);
+        assert_eq!(h.judgements, 1);
+        assert!(!h.streams(PROBE_EVERY + 1, 0));
     }
 
     #[test]
