@@ -190,14 +190,15 @@ impl Handoff {
         if !probed {
             return;
         }
-        let (r, w) = (&self.reads, &self.writes);
-        let one_way = (r.rate().is_some() && w.bytes == 0) || (w.rate().is_some() && r.bytes == 0);
-        if (r.rate().is_some() && w.rate().is_some()) || one_way {
+        let (r, w) = (self.reads.rate().is_some(), self.writes.rate().is_some());
+        let one_way = (r && self.writes.bytes == 0) || (w && self.reads.bytes == 0);
+        if (r && w) || one_way {
             self.judge();
         }
     }
 
-    /// Judge the tallies (which hold enough) and start new ones.
+    /// Judge the tallies when both hold enough (a one-way pair judges
+    /// nothing), and start new ones.
     fn judge(&mut self) {
         if let (Some(r), Some(w)) = (self.reads.rate(), self.writes.rate()) {
             self.judgements = self.judgements.saturating_add(1).min(FIRST_JUDGEMENTS);
