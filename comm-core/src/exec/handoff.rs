@@ -29,6 +29,22 @@
 //! placement being the same for both directions of a pair, a rank's
 //! copies stand for its peers'. `OXCCL_STAGE_WRITES` forces either way.
 //!
+//! A rank whose probes only write its staging (the first rank of a
+//! chain: a 2-rank broadcast's root, a 2-rank reduce's other rank) has no
+//! reads to judge its writes by. It judges them against its own streamed
+//! writes instead: once it holds a judgement's worth of writes through
+//! its cache and no reads, its next probes stream their writes and time
+//! those, and the two rates far apart (streamed the faster) count as a
+//! crossed judgement. Streamed writes go to memory at about one rate
+//! wherever the reader runs; writes through the cache into lines a core
+//! of the other complex read last call run at a fraction of it. A 2-rank
+//! 64 KiB broadcast's root: through its cache 1.7-2.9 B/ns on two caches
+//! and 14-22 on one, streamed 14-18 on either (the call 27-33 us cached
+//! against 6 streamed on two caches, 2.5-4 cached on one; Open MPI 8-9;
+//! docs/PERFORMANCE.md, twentieth round). The streamed rate serves
+//! [`STREAMED_REUSE`] judgements before it is measured again: each
+//! measurement streams a few probes on any placement.
+//!
 //! A probe call of [`SETTLES_FROM`] bytes or more settles within
 //! itself: it writes its first pieces through its cache and judges them
 //! by [`Handoff::judge_bytes`] at a time, and the rest of its writes
@@ -46,10 +62,20 @@
 //!
 //! Pure state: the executor times the steps and reports them.
 
-/// Every how many calls the ranks probe (call numbers divisible by it).
-/// A placement changes every few seconds; calls of the sizes that stage
-/// take tens of microseconds to a few hundred milliseconds.
+/// Every how many calls the ranks probe (call numbers divisible by it),
+/// calls that settle within themselves ([`SETTLES_FROM`]). A placement
+/// changes every few seconds; calls of the sizes that stage take tens of
+/// microseconds to a few hundred milliseconds.
 pub(crate) const PROBE_EVERY: u64 = 8;
+
+/// Every how many calls smaller calls probe. Such a probe writes all its
+/// staging through the cache, which on two caches costs the call 3-5
+/// times its streamed time (a 2-rank 64 KiB all_gather 19-22 us against
+/// 6, a broadcast 27-33 against 6): probing every eighth call added
+/// 2-3 us a call to a streaming 64 KiB call, leaving both rows level
+/// with Open MPI on two caches (7.4-10 us against 7-11); every 32nd,
+/// 6.5-7.4 (docs/PERFORMANCE.md, twentieth round).
+pub(crate) const SMALL_PROBE_EVERY: u64 = 32;
 
 /// The least bytes a probe must have read from peers and written to
 /// staging to judge: below it one preemption decides.
@@ -77,6 +103,9 @@ const JUDGE_MAX: u64 = 4 << 20;
 /// Reads of peers' staged pieces and writes into the rank's own staging
 /// (bytes per second) this far apart: the pieces crossed between caches.
 const CROSSED: f64 = 0.4;
+
+/// One-way judgements a measured streamed write rate serves.
+const STREAMED_REUSE: u8 = 8;
 
 /// Bytes moved and the nanoseconds they took.
 #[derive(Clone, Copy, Debug, Default)]
@@ -107,23 +136,36 @@ pub(crate) struct Handoff {
     /// Judgements made, up to [`FIRST_JUDGEMENTS`].
     judgements: u8,
     reads: Tally,
+    /// Writes through the cache.
     writes: Tally,
+    /// Streamed writes, timed while a rank that only writes measures
+    /// what it judges those through its cache against.
+    streamed: Tally,
+    /// One-way judgements made with `streamed`, up to [`STREAMED_REUSE`].
+    streamed_used: u8,
 }
 
 impl Handoff {
     /// Whether call `seq`, whose largest buffer holds `call_bytes`, is a
     /// probe: every rank writes through its cache and measures (at least
     /// until it settles, from [`SETTLES_FROM`] bytes). Every eighth call
-    /// is; a large call always; one that settles within itself also
-    /// while the gauge has made fewer than [`FIRST_JUDGEMENTS`]: the
-    /// ranks' first calls find the placement without waiting for the
-    /// eighth (all ranks have judged alike so far: the same calls, sizes
-    /// and bytes; a rank's judgements are its own, and a rank that
-    /// probes while its peers stream only writes through its cache).
+    /// is that settles within itself, every 32nd smaller one
+    /// ([`SMALL_PROBE_EVERY`]); a large call always; one that settles
+    /// within itself also while the gauge has made fewer than
+    /// [`FIRST_JUDGEMENTS`]: the ranks' first calls find the placement
+    /// without waiting for the eighth (all ranks have judged alike so
+    /// far: the same calls, sizes and bytes; a rank's judgements are its
+    /// own, and a rank that probes while its peers stream only writes
+    /// through its cache).
     pub fn probing(&self, seq: u64, call_bytes: usize) -> bool {
+        let settles = Self::settles_in_call(call_bytes);
+        let every = match settles {
+            true => PROBE_EVERY,
+            false => SMALL_PROBE_EVERY,
+        };
         call_bytes >= EVERY_CALL_FROM
-            || seq.is_multiple_of(PROBE_EVERY)
-            || (call_bytes >= SETTLES_FROM && self.judgements < FIRST_JUDGEMENTS)
+            || seq.is_multiple_of(every)
+            || (settles && self.judgements < FIRST_JUDGEMENTS)
     }
 
     /// Whether the probe call of `call_bytes` settles within itself.
@@ -131,10 +173,34 @@ impl Handoff {
         call_bytes >= SETTLES_FROM
     }
 
-    /// Whether call `seq`'s staging writes stream (a probe's, from the
-    /// start: not until it settles).
+    /// Whether call `seq`'s staging writes stream. A probe's do not (not
+    /// until it settles), unless this rank only writes and measures its
+    /// streamed writes (`measures_streamed`).
     pub fn streams(&self, seq: u64, call_bytes: usize) -> bool {
-        self.crossed_in_a_row >= 2 && !self.probing(seq, call_bytes)
+        match self.probing(seq, call_bytes) {
+            true => self.measures_streamed(),
+            false => self.crossed_in_a_row >= 2,
+        }
+    }
+
+    /// Whether this rank's probes stream their writes to time them: it
+    /// only writes (`only_writes`) and has no streamed rate to judge its
+    /// writes through the cache against.
+    fn measures_streamed(&self) -> bool {
+        self.only_writes() && self.streamed.rate().is_none()
+    }
+
+    /// Whether this rank's probes since the last judgement wrote a
+    /// judgement's worth through the cache and read next to nothing (an
+    /// eighth of it at most: a few small calls' reads, such as a
+    /// benchmark's set-up, must not leave a chain's first rank unjudged).
+    fn only_writes(&self) -> bool {
+        self.writes.rate().is_some() && self.reads.bytes <= self.writes.bytes / 8
+    }
+
+    /// The same for reads.
+    fn only_reads(&self) -> bool {
+        self.reads.rate().is_some() && self.writes.bytes <= self.reads.bytes / 8
     }
 
     /// A probe's read of `bytes` of peers' staged pieces took `ns`.
@@ -142,9 +208,13 @@ impl Handoff {
         self.reads.add(bytes, ns);
     }
 
-    /// A probe's write of `bytes` into this rank's staging took `ns`.
-    pub fn wrote(&mut self, bytes: usize, ns: u64) {
-        self.writes.add(bytes, ns);
+    /// A probe's write of `bytes` into this rank's staging took `ns`,
+    /// through the cache or streamed (`streamed`).
+    pub fn wrote(&mut self, bytes: usize, ns: u64, streamed: bool) {
+        match streamed {
+            true => self.streamed.add(bytes, ns),
+            false => self.writes.add(bytes, ns),
+        }
     }
 
     /// Bytes of reads and of writes each judgement within a call whose
@@ -182,33 +252,58 @@ impl Handoff {
     /// each probe judged alone (and too small to) the gauge never decided
     /// for such calls, which on two caches ran at 19-22 us against 5-7
     /// streamed and Open MPI's 7.4 (docs/PERFORMANCE.md, nineteenth
-    /// round). A rank whose probes only read or only write (an end of a
-    /// chain) has nothing to judge against: its tallies start again
-    /// rather than carry a long history into some later call's
+    /// round). A rank whose probes only write judges its writes against
+    /// its streamed ones (`judge_one_way`); one whose probes only read
+    /// has nothing to decide (it writes no staging) and starts its tallies
+    /// again rather than carry a long history into some later call's
     /// judgement.
     pub fn ended(&mut self, probed: bool) {
         if !probed {
             return;
         }
-        let (r, w) = (self.reads.rate().is_some(), self.writes.rate().is_some());
-        let one_way = (r && self.writes.bytes == 0) || (w && self.reads.bytes == 0);
-        if (r && w) || one_way {
+        if self.reads.rate().is_some() && self.writes.rate().is_some() {
             self.judge();
+        } else if self.only_writes() {
+            self.judge_one_way();
+        } else if self.only_reads() {
+            self.reads = Tally::default();
+            self.writes = Tally::default();
         }
     }
 
-    /// Judge the tallies when both hold enough (a one-way pair judges
-    /// nothing), and start new ones.
+    /// Judge the tallies when both hold enough, and start new ones.
     fn judge(&mut self) {
         if let (Some(r), Some(w)) = (self.reads.rate(), self.writes.rate()) {
-            self.judgements = self.judgements.saturating_add(1).min(FIRST_JUDGEMENTS);
-            self.crossed_in_a_row = match r.min(w) < CROSSED * r.max(w) {
-                true => (self.crossed_in_a_row + 1).min(2),
-                false => 0,
-            };
+            self.count(r.min(w) < CROSSED * r.max(w));
         }
         self.reads = Tally::default();
         self.writes = Tally::default();
+    }
+
+    /// A rank that only writes: its writes through the cache judged
+    /// against its streamed ones once it has both (until then its probes
+    /// stream, `measures_streamed`), and a new tally of writes started.
+    fn judge_one_way(&mut self) {
+        let (Some(cached), Some(streamed)) = (self.writes.rate(), self.streamed.rate()) else {
+            return;
+        };
+        self.count(cached < CROSSED * streamed);
+        self.reads = Tally::default();
+        self.writes = Tally::default();
+        self.streamed_used += 1;
+        if self.streamed_used >= STREAMED_REUSE {
+            self.streamed = Tally::default();
+            self.streamed_used = 0;
+        }
+    }
+
+    /// One more judgement, which found the pieces crossed or not.
+    fn count(&mut self, crossed: bool) {
+        self.judgements = self.judgements.saturating_add(1).min(FIRST_JUDGEMENTS);
+        self.crossed_in_a_row = match crossed {
+            true => (self.crossed_in_a_row + 1).min(2),
+            false => 0,
+        };
     }
 }
 
@@ -221,18 +316,18 @@ mod tests {
     fn after_probe(h: &mut Handoff, read: f64, write: f64) -> Vec<bool> {
         let mib = 1 << 20;
         h.read(mib, (mib as f64 / read) as u64);
-        h.wrote(mib, (mib as f64 / write) as u64);
+        h.wrote(mib, (mib as f64 / write) as u64, false);
         h.ended(true);
-        (1..=PROBE_EVERY).map(|s| h.streams(s, 0)).collect()
+        (1..=SMALL_PROBE_EVERY).map(|s| h.streams(s, 0)).collect()
     }
 
     #[test]
     fn two_crossed_probes_in_a_row_stream_until_the_next_probe() {
         let mut h = Handoff::default();
-        let mut streamed = vec![true; PROBE_EVERY as usize];
+        let mut streamed = vec![true; SMALL_PROBE_EVERY as usize];
         // The next probe itself writes through the cache.
         *streamed.last_mut().unwrap() = false;
-        let cached = vec![false; PROBE_EVERY as usize];
+        let cached = vec![false; SMALL_PROBE_EVERY as usize];
         // Across core complexes: 1 MiB read in ~530 us, written in 20.
         // One such probe is not enough (a copy preempted reads the same).
         assert_eq!(after_probe(&mut h, 2.0, 50.0), cached);
@@ -259,14 +354,14 @@ mod tests {
         assert!(h.streams(4, 0));
         // A probe that moved too little keeps the last decision...
         h.read(4096, 1);
-        h.wrote(4096, 1);
+        h.wrote(4096, 1, false);
         h.ended(true);
         assert!(h.streams(2 * PROBE_EVERY + 1, 0));
         // ... and its bytes count in the next probe's judgement (close
         // rates: through the cache).
         h.ended(false);
         h.read(MIN_BYTES as usize - 4096, 1);
-        h.wrote(MIN_BYTES as usize - 4096, 1);
+        h.wrote(MIN_BYTES as usize - 4096, 1, false);
         h.ended(true);
         assert!(!h.streams(3 * PROBE_EVERY + 1, 0));
     }
@@ -276,7 +371,7 @@ mod tests {
     fn judged(h: &mut Handoff, read: f64, write: f64) -> Option<bool> {
         let n = JUDGE_MAX as usize;
         h.read(n, (n as f64 / read) as u64);
-        h.wrote(n, (n as f64 / write) as u64);
+        h.wrote(n, (n as f64 / write) as u64, false);
         h.settle(JUDGE_MAX)
     }
 
@@ -290,7 +385,7 @@ mod tests {
         let mut streams = Vec::new();
         for probe in 0..2 * per_judgement {
             h.read(piece, (piece as f64 / 2.0) as u64);
-            h.wrote(piece, (piece as f64 / 50.0) as u64);
+            h.wrote(piece, (piece as f64 / 50.0) as u64, false);
             h.ended(true);
             // The calls between probes time nothing and keep the tallies.
             h.ended(false);
@@ -304,22 +399,89 @@ mod tests {
     }
 
     #[test]
-    fn a_rank_that_only_writes_keeps_no_history() {
-        // A chain's first rank writes and never reads: each probe's
-        // writes are dropped once a judgement's worth, so a later call
-        // that reads and writes is judged on its own copies alone.
+    fn a_rank_that_only_reads_keeps_no_history() {
+        // A chain's last rank reads and never writes its staging: each
+        // judgement's worth of reads is dropped, so a later call that
+        // reads and writes is judged on its own copies alone.
         let mut h = Handoff::default();
+        h.wrote(451, 2633, false);
         for _ in 0..4 {
-            h.wrote(MIN_BYTES as usize, 1);
+            h.read(MIN_BYTES as usize, 1);
             h.ended(true);
         }
+        assert_eq!(h.reads.bytes, 0);
         assert_eq!(h.writes.bytes, 0);
         assert_eq!(h.judgements, 0, "nothing was judged");
         h.read(MIN_BYTES as usize, 1);
-        h.wrote(MIN_BYTES as usize, 1);
+        h.wrote(MIN_BYTES as usize, 1, false);
         h.ended(true);
         assert_eq!(h.judgements, 1);
         assert!(!h.streams(PROBE_EVERY + 1, 0));
+    }
+
+    /// Probe call `seq` of a rank that only writes: `piece` bytes at
+    /// `cached` or `streamed` GB/s, whichever way the gauge has it
+    /// write; then whether it streamed.
+    fn write_only_probe(
+        h: &mut Handoff,
+        seq: u64,
+        piece: usize,
+        cached: f64,
+        streamed: f64,
+    ) -> bool {
+        let s = h.streams(seq, piece);
+        let rate = if s { streamed } else { cached };
+        h.wrote(piece, (piece as f64 / rate) as u64, s);
+        h.ended(true);
+        s
+    }
+
+    #[test]
+    fn a_rank_that_only_writes_judges_them_against_its_streamed_writes() {
+        // A 2-rank 64 KiB broadcast's root on two caches: 2.5 GB/s
+        // through its cache, 14 streamed.
+        let piece = 64 << 10;
+        let per = MIN_BYTES as usize / piece;
+        let mut h = Handoff::default();
+        // The benchmark's set-up read a few hundred bytes on a probe.
+        h.read(451, 2633);
+        let probes = |h: &mut Handoff, from: usize, n: usize, cached: f64, streamed: f64| {
+            (from..from + n)
+                .map(|p| write_only_probe(h, p as u64 * SMALL_PROBE_EVERY, piece, cached, streamed))
+                .collect::<Vec<_>>()
+        };
+        // A judgement's worth through the cache, then as much streamed
+        // (the first judgement: crossed), then through the cache again
+        // (the second, against the same streamed rate).
+        let expected = [vec![false; per], vec![true; per], vec![false; per]].concat();
+        assert_eq!(probes(&mut h, 0, 3 * per, 2.5, 14.0), expected);
+        // Two crossed in a row: the calls between probes stream.
+        let next = 3 * per as u64 * SMALL_PROBE_EVERY;
+        assert!(h.streams(next + 1, piece) && !h.streams(next, piece));
+
+        // On one cache: through its cache 20 GB/s, streamed 17. It goes
+        // back at the first judgement, and from then on measures its
+        // streamed writes once every STREAMED_REUSE judgements.
+        let cycle = (STREAMED_REUSE as usize + 1) * per;
+        let modes = probes(&mut h, 3 * per, 3 * cycle, 20.0, 17.0);
+        assert!(!h.streams(next + 1, piece));
+        assert_eq!(h.crossed_in_a_row, 0);
+        // The first streamed rate serves six more judgements; then each
+        // cycle streams one judgement's worth of probes.
+        let streamed = modes.iter().filter(|s| **s).count();
+        assert_eq!(streamed, 3 * per, "one block of streamed probes per cycle");
+        // Never more than a judgement's worth of either kept.
+        assert!(h.writes.bytes < MIN_BYTES && h.streamed.bytes <= MIN_BYTES);
+
+        // A preempted probe is not a placement: one crossed judgement
+        // among close ones streams nothing.
+        let mut h = Handoff::default();
+        probes(&mut h, 0, 2 * per, 20.0, 17.0);
+        probes(&mut h, 2 * per, per, 2.5, 17.0);
+        assert_eq!(h.crossed_in_a_row, 1);
+        assert!(!h.streams(1, piece));
+        probes(&mut h, 3 * per, per, 20.0, 17.0);
+        assert_eq!(h.crossed_in_a_row, 0);
     }
 
     #[test]
@@ -330,7 +492,7 @@ mod tests {
         assert!(h.probing(3, EVERY_CALL_FROM) && !h.probing(3, 0));
         // Not settled until a judgement's worth of reads and writes.
         h.read(JUDGE_MAX as usize - 1, 1);
-        h.wrote(JUDGE_MAX as usize, 1);
+        h.wrote(JUDGE_MAX as usize, 1, false);
         assert_eq!(h.settle(JUDGE_MAX), None);
         h.read(1, 1);
         // Close rates settle at once: through the cache.
@@ -350,6 +512,24 @@ mod tests {
     }
 
     #[test]
+    fn smaller_calls_probe_every_32nd_call_those_that_settle_every_8th() {
+        // A smaller call's probe writes all of it through the cache (on
+        // two caches 3-5 times its streamed time); a settling call's only
+        // its first judgements.
+        let mut h = Handoff::default();
+        h.judgements = FIRST_JUDGEMENTS;
+        let small = SETTLES_FROM - 1;
+        let probes = |bytes: usize| {
+            (1..=64)
+                .filter(|s| h.probing(*s, bytes))
+                .collect::<Vec<u64>>()
+        };
+        assert_eq!(probes(small), [32, 64]);
+        assert_eq!(probes(SETTLES_FROM), [8, 16, 24, 32, 40, 48, 56, 64]);
+        assert_eq!(probes(EVERY_CALL_FROM).len(), 64);
+    }
+
+    #[test]
     fn a_judgement_is_a_sixteenth_of_the_call_within_bounds() {
         // A 2-rank 16 MiB all_gather stages 8 MiB a rank: two judgements
         // of 1 MiB leave three quarters of it to stream.
@@ -361,10 +541,10 @@ mod tests {
         let mut h = Handoff::default();
         let (mib, judge) = (1 << 20, Handoff::judge_bytes(16 << 20));
         h.read(mib, (mib as f64 / 2.0) as u64);
-        h.wrote(mib, (mib as f64 / 50.0) as u64);
+        h.wrote(mib, (mib as f64 / 50.0) as u64, false);
         assert_eq!(h.settle(judge), None);
         h.read(mib, (mib as f64 / 2.0) as u64);
-        h.wrote(mib, (mib as f64 / 50.0) as u64);
+        h.wrote(mib, (mib as f64 / 50.0) as u64, false);
         assert_eq!(h.settle(judge), Some(true));
     }
 
@@ -383,7 +563,7 @@ mod tests {
         ] {
             assert!(h.probing(5, mid));
             h.read(judge, (judge as f64 / read) as u64);
-            h.wrote(judge, (judge as f64 / write) as u64);
+            h.wrote(judge, (judge as f64 / write) as u64, false);
             assert_eq!(h.settle(judge as u64), settled);
         }
         // Judged three times: the next such calls stream, and probe again

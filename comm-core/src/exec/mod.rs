@@ -845,7 +845,7 @@ fn execute_with(
                 _ => unreachable!("message steps run on channels"),
             };
             if let Some(t0) = timed {
-                handoff_step(handoff, &sched.steps[iu].action, es, t0);
+                handoff_step(handoff, &sched.steps[iu].action, es, t0, stage_streams);
                 // Judged here too, not only when the rank waits: a rank
                 // whose peers are always ahead would run its whole call
                 // before looking.
@@ -903,7 +903,7 @@ fn execute_with(
                 match r {
                     Ok(k) => {
                         if let Some(t0) = t0.filter(|_| k > 0) {
-                            handoff.wrote(k, crate::sys::Stamp::now().ns_since(t0));
+                            handoff.wrote(k, crate::sys::Stamp::now().ns_since(t0), stage_streams);
                         }
                         ch.s_off += k;
                         progressed |= k > 0;
@@ -1117,11 +1117,18 @@ fn settle_staging(
 }
 
 /// A probe's step `action`, started at `t0`, ended now: the gauge counts
-/// this rank's copies into its staging and out of peers'.
-fn handoff_step(gauge: &mut handoff::Handoff, action: &Action, es: usize, t0: crate::sys::Stamp) {
+/// this rank's copies into its staging (streamed or not: `streamed`) and
+/// out of peers'.
+fn handoff_step(
+    gauge: &mut handoff::Handoff,
+    action: &Action,
+    es: usize,
+    t0: crate::sys::Stamp,
+    streamed: bool,
+) {
     let ns = || crate::sys::Stamp::now().ns_since(t0);
     match *action {
-        Action::Copy { dst, .. } if dst.buf == SHARED => gauge.wrote(dst.len * es, ns()),
+        Action::Copy { dst, .. } if dst.buf == SHARED => gauge.wrote(dst.len * es, ns(), streamed),
         Action::CopyFrom { src, .. } if src.buf == SHARED => gauge.read(src.len * es, ns()),
         // Not reductions: they move several times the bytes they read
         // from peers, and would read as slow hand-offs on any placement.
