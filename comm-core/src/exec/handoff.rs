@@ -516,8 +516,10 @@ mod tests {
         // A smaller call's probe writes all of it through the cache (on
         // two caches 3-5 times its streamed time); a settling call's only
         // its first judgements.
-        let mut h = Handoff::default();
-        h.judgements = FIRST_JUDGEMENTS;
+        let h = Handoff {
+            judgements: FIRST_JUDGEMENTS,
+            ..Handoff::default()
+        };
         let small = SETTLES_FROM - 1;
         let probes = |bytes: usize| {
             (1..=64)
