@@ -33,9 +33,10 @@
 //! chain: a 2-rank broadcast's root, a 2-rank reduce's other rank) has no
 //! reads to judge its writes by. It judges them against its own streamed
 //! writes instead: once it holds a judgement's worth of writes through
-//! its cache and no reads, its next probes stream their writes and time
-//! those, and the two rates far apart (streamed the faster) count as a
-//! crossed judgement. Streamed writes go to memory at about one rate
+//! its cache and next to no reads, its next probes stream their writes
+//! and time those (the one kind of probe that does not write through
+//! the cache), and the two rates far apart (streamed the faster) count
+//! as a crossed judgement. Streamed writes go to memory at about one rate
 //! wherever the reader runs; writes through the cache into lines a core
 //! of the other complex read last call run at a fraction of it. A 2-rank
 //! 64 KiB broadcast's root: through its cache 1.7-2.9 B/ns on two caches
@@ -72,9 +73,11 @@ pub(crate) const PROBE_EVERY: u64 = 8;
 /// staging through the cache, which on two caches costs the call 3-5
 /// times its streamed time (a 2-rank 64 KiB all_gather 19-22 us against
 /// 6, a broadcast 27-33 against 6): probing every eighth call added
-/// 2-3 us a call to a streaming 64 KiB call, leaving both rows level
-/// with Open MPI on two caches (7.4-10 us against 7-11); every 32nd,
-/// 6.5-7.4 (docs/PERFORMANCE.md, twentieth round).
+/// 2-3 us a call to a streaming 64 KiB call, which left the broadcast
+/// level with Open MPI on two caches (8.0-10.1 us against 8.5-10.7) and
+/// the all_gather behind it (9.2-10.8 against 8.7-9.1); every 32nd, 4.5
+/// and 7.4 (medians; Open MPI 9.5-9.7 and 8.8; docs/PERFORMANCE.md,
+/// twentieth round).
 pub(crate) const SMALL_PROBE_EVERY: u64 = 32;
 
 /// The least bytes a probe must have read from peers and written to
