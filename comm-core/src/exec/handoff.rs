@@ -127,6 +127,12 @@ impl Tally {
     fn rate(&self) -> Option<f64> {
         (self.bytes >= MIN_BYTES).then(|| self.bytes as f64 / self.ns.max(1) as f64)
     }
+
+    /// Whether this tally holds a judgement's worth and `other` next to
+    /// nothing beside it (an eighth at most).
+    fn outweighs(&self, other: &Tally) -> bool {
+        self.rate().is_some() && other.bytes <= self.bytes / 8
+    }
 }
 
 /// One rank's gauge of its hand-offs.
@@ -150,8 +156,9 @@ pub(crate) struct Handoff {
 
 impl Handoff {
     /// Whether call `seq`, whose largest buffer holds `call_bytes`, is a
-    /// probe: every rank writes through its cache and measures (at least
-    /// until it settles, from [`SETTLES_FROM`] bytes). Every eighth call
+    /// probe: every rank measures and writes through its cache (at least
+    /// until it settles, from [`SETTLES_FROM`] bytes; a rank that only
+    /// writes streams while it measures its streamed rate, `streams`). Every eighth call
     /// is that settles within itself, every 32nd smaller one
     /// ([`SMALL_PROBE_EVERY`]); a large call always; one that settles
     /// within itself also while the gauge has made fewer than
@@ -198,12 +205,12 @@ impl Handoff {
     /// eighth of it at most: a few small calls' reads, such as a
     /// benchmark's set-up, must not leave a chain's first rank unjudged).
     fn only_writes(&self) -> bool {
-        self.writes.rate().is_some() && self.reads.bytes <= self.writes.bytes / 8
+        self.writes.outweighs(&self.reads)
     }
 
     /// The same for reads.
     fn only_reads(&self) -> bool {
-        self.reads.rate().is_some() && self.writes.bytes <= self.reads.bytes / 8
+        self.reads.outweighs(&self.writes)
     }
 
     /// A probe's read of `bytes` of peers' staged pieces took `ns`.
