@@ -88,8 +88,77 @@ pub fn last_level_cache() -> Option<usize> {
         .map(|(_, size)| size)
 }
 
+/// Whether this CPU has `prefetchw` (fetch a line in anticipation of a
+/// write, taking it from other cores' caches): CPUID's 3DNowPrefetch bit,
+/// which AMD's processors since K10 and Intel's since Broadwell set.
+pub fn prefetches_for_write() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // Leaf 0x8000_0000 says how many extended leaves there are.
+        let max = __cpuid(0x8000_0000).eax;
+        max >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Start taking the cache line at `addr` into this core's cache for
+/// writing (a hint: nothing is read or written, and no address faults).
+///
+/// # Safety
+///
+/// [`prefetches_for_write`] said this CPU has the instruction.
+#[inline(always)]
+pub unsafe fn prefetch_for_write(addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads and writes nothing and never faults, whatever
+    // the address; the caller checked that the CPU has the instruction.
+    unsafe {
+        std::arch::asm!("prefetchw [{0}]", in(reg) addr, options(nostack, readonly, preserves_flags))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+/// Start fetching the cache line at `addr` into this core's cache (a
+/// hint: nothing is read).
+#[inline(always)]
+pub fn prefetch_for_read(addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and never faults, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn prefetching_for_write_is_found_where_linux_lists_it_and_never_faults() {
+        // Linux names CPUID's bit `3dnowprefetch` in its flags.
+        let listed = std::fs::read_to_string("/proc/cpuinfo")
+            .map(|s| s.split_whitespace().any(|w| w == "3dnowprefetch"))
+            .unwrap_or(false);
+        let has = super::prefetches_for_write();
+        if cfg!(target_arch = "x86_64") && std::path::Path::new("/proc/cpuinfo").exists() {
+            assert_eq!(has, listed);
+        }
+        let line = [0u8; 64];
+        super::prefetch_for_read(line.as_ptr());
+        super::prefetch_for_read(std::ptr::null());
+        if has {
+            // SAFETY: the CPU has the instruction (above).
+            unsafe {
+                super::prefetch_for_write(line.as_ptr());
+                super::prefetch_for_write(std::ptr::null());
+            }
+        }
+    }
+
     #[test]
     fn the_last_level_cache_is_at_least_a_first_level_one() {
         // Where the kernel says nothing (some containers) there is nothing

@@ -14,7 +14,10 @@ mod proc;
 mod shm;
 
 pub use clock::{CallClock, Stamp};
-pub use cpu::{affinity, allowed_cpus, bind_to_cpu, last_level_cache};
+pub use cpu::{
+    affinity, allowed_cpus, bind_to_cpu, last_level_cache, prefetch_for_read, prefetch_for_write,
+    prefetches_for_write,
+};
 pub use event::{drain, eventfd, futex_wait, futex_wake, poll, poll_one, signal, wait_readable};
 pub use fdpass::{peer_process, recv_fds, send_fds};
 pub use proc::{open_process_fd, process_gone, read_found_exited, read_process};
