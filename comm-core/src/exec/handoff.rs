@@ -158,8 +158,9 @@ impl Handoff {
     /// Whether call `seq`, whose largest buffer holds `call_bytes`, is a
     /// probe: every rank measures and writes through its cache (at least
     /// until it settles, from [`SETTLES_FROM`] bytes; a rank that only
-    /// writes streams while it measures its streamed rate, `streams`). Every eighth call
-    /// is that settles within itself, every 32nd smaller one
+    /// writes streams while it measures its streamed rate, see
+    /// [`Handoff::streams`]). Every eighth call of those that settle
+    /// within themselves is one, every 32nd smaller one
     /// ([`SMALL_PROBE_EVERY`]); a large call always; one that settles
     /// within itself also while the gauge has made fewer than
     /// [`FIRST_JUDGEMENTS`]: the ranks' first calls find the placement

@@ -81,11 +81,12 @@ const FINISH_EVERY: u32 = 8;
 /// store wait for their copies to be invalidated, which with the ranks
 /// on two caches (the 2-rank 8-byte broadcast's root, a reduce's other
 /// rank) held up every call. Taking it two calls early overlaps that with
-/// the calls between: 2-rank 8-byte broadcast on two caches 0.19-0.20 ->
-/// 0.15-0.16 us, reduce 0.18-0.19 -> 0.16, paired launches; 4 calls
-/// ahead measured the same or worse, 8 worse, and one cache or 4 ranks
-/// unchanged. The peers read that slot's last call long ago (a rank runs
-/// at most `DEPTH - FINISH_EVERY` calls ahead).
+/// the calls between: 2-rank 8-byte broadcast on two caches 0.196-0.199
+/// -> 0.149-0.164 us, reduce 0.189-0.190 -> 0.158-0.160, one binary with
+/// the claim switched (docs/PERFORMANCE.md, twenty-first round); 4 or 8
+/// calls ahead no better, one cache and 4 ranks unchanged. The peers
+/// read that slot's last call long ago (a rank runs at most
+/// `DEPTH - FINISH_EVERY` calls ahead), and the hint changes no value.
 const CLAIM_AHEAD: usize = 2;
 
 /// Bytes of a small page: the control words (a page), then the slots.
