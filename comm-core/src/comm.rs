@@ -1438,7 +1438,10 @@ impl Inner {
     }
 
     /// Run the next call of the sequence (its number given to `run`) and
-    /// record how it ended.
+    /// record how it ended. (Inlined: a small call is bound by the
+    /// instructions it runs, and the closure's captures otherwise travel
+    /// through memory.)
+    #[inline(always)]
     fn numbered(
         &self,
         st: &mut State,
@@ -1609,9 +1612,13 @@ impl Inner {
         let pages = small.as_mut().ok_or_else(|| {
             Error::Protocol("the small-message path without small pages (internal error)".into())
         })?;
-        let mut cx = self.call_ctx(control, now, timeout, fp, seq, None);
-        // No direct steps, but its registered buffers are named.
-        cx.ids = ids;
+        // The whole context only for a wait (see `SmallCtx`).
+        let mut cx = executor::small::SmallCtx::new(self.rank, self.nranks, seq, fp, move || {
+            let mut cx = self.call_ctx(control, now, timeout, fp, seq, None);
+            // No direct steps, but its registered buffers are named.
+            cx.ids = ids;
+            cx
+        });
         executor::small::run(pages, net.host_engine(), &mut cx, call, ids, input, output)
     }
 

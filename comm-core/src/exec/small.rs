@@ -415,15 +415,57 @@ pub(crate) fn eligible(call: &SmallCall, nranks: usize, forced: bool) -> bool {
     fits && bytes <= SLOT && !forced
 }
 
+/// Who runs a small call and which call it is: all the call needs while
+/// no peer keeps it waiting. The executor's whole view of the call
+/// ([`CallCtx`]: deadline, control connection, flight recorder, ...) is
+/// made by the first wait that does not end at its first look, from
+/// `make`: building it on every call was about a tenth of the
+/// instructions of a 2-rank 8-byte broadcast's receiver, whose root has
+/// nearly always published by the time it looks (`callgrind`), and a call
+/// here is bound by the instructions it runs (docs/PERFORMANCE.md,
+/// twenty-second round).
+pub(crate) struct SmallCtx<'a, F: FnOnce() -> CallCtx<'a>> {
+    pub rank: usize,
+    pub nranks: usize,
+    pub seq: u64,
+    pub fp: Fingerprint,
+    make: Option<F>,
+    made: Option<CallCtx<'a>>,
+}
+
+impl<'a, F: FnOnce() -> CallCtx<'a>> SmallCtx<'a, F> {
+    pub(crate) fn new(rank: usize, nranks: usize, seq: u64, fp: Fingerprint, make: F) -> Self {
+        SmallCtx {
+            rank,
+            nranks,
+            seq,
+            fp,
+            make: Some(make),
+            made: None,
+        }
+    }
+
+    /// The call's whole context, made now if no wait made it yet.
+    #[cold]
+    fn full(&mut self) -> &mut CallCtx<'a> {
+        let make = &mut self.make;
+        self.made.get_or_insert_with(|| match make.take() {
+            Some(make) => make(),
+            // `made` is set whenever `make` was taken.
+            None => unreachable!("a small call's context is made once"),
+        })
+    }
+}
+
 /// Run `call` over the small pages: `input` and `output` are host memory
 /// holding the call's buffers as the executor names them (in place,
 /// all_gather's input is the output's segment of this rank and
 /// reduce_scatter's output the input's); `ids` names the registered
 /// buffers passed (as a direct call does).
-pub(crate) fn run(
+pub(crate) fn run<'a, F: FnOnce() -> CallCtx<'a>>(
     pages: &mut SmallPages,
     engine: &mut dyn Compute,
-    cx: &mut CallCtx<'_>,
+    cx: &mut SmallCtx<'a, F>,
     call: SmallCall,
     ids: u64,
     input: Region,
@@ -484,9 +526,9 @@ pub(crate) fn run(
 /// Copy this rank's part into its slot for the call and publish
 /// the call there (`words`: its fingerprint), once every peer has read
 /// what the slot last held.
-fn write(
+fn write<'a, F: FnOnce() -> CallCtx<'a>>(
     pages: &mut SmallPages,
-    cx: &mut CallCtx<'_>,
+    cx: &mut SmallCtx<'a, F>,
     words: [u64; 2],
     ids: u64,
     slot_bytes: usize,
@@ -531,10 +573,10 @@ fn write(
 
 /// This rank's output from the slots it reads (all published for this
 /// call), combining in rank order so every rank computes the same bits.
-fn combine(
+fn combine<'a, F: FnOnce() -> CallCtx<'a>>(
     pages: &mut SmallPages,
     engine: &mut dyn Compute,
-    cx: &CallCtx<'_>,
+    cx: &SmallCtx<'a, F>,
     call: SmallCall,
     slot_bytes: usize,
     input: Region,
@@ -568,10 +610,11 @@ fn combine(
             // and holding `b` bytes; the sources are slots of mapped pages
             // (never the caller's memory), each holding `b` bytes that no
             // rank rewrites before this rank's `finished` says so.
-            unsafe { crate::compute::reduce_host(cx.dtype, cx.op, out, &srcs) };
+            let (dtype, op) = (cx.fp.dtype, cx.fp.op.kernel_op());
+            unsafe { crate::compute::reduce_host(dtype, op, out, &srcs) };
             pages.srcs = srcs;
             if call.avg {
-                let d = engine.divide(cx.dtype, out, n)?;
+                let d = engine.divide(dtype, out, n)?;
                 finish(engine, d)?;
             }
         }
@@ -640,9 +683,9 @@ fn mismatch(
 /// to the end of the wait, so that it wakes us),
 /// looking at abort, the deadline, the control plane and the peer's
 /// process between slices.
-fn wait_for(
+fn wait_for<'a, F: FnOnce() -> CallCtx<'a>>(
     pages: &SmallPages,
-    cx: &mut CallCtx<'_>,
+    cx: &mut SmallCtx<'a, F>,
     k: usize,
     q: usize,
     word: Word,
@@ -653,6 +696,7 @@ fn wait_for(
         return Ok(());
     }
     pages.store_finished(cx.rank);
+    let cx = cx.full();
     let mut spin = Spin::new(cx.spin, cx.oversubscribed);
     let mut sleep = None;
     let mut registered = None;
