@@ -607,11 +607,11 @@ fn combine<'a, F: FnOnce() -> CallCtx<'a>>(
                 *src = part(pages, k);
             }
             let out = output.sub(0, b);
+            let (dtype, op) = (cx.fp.dtype, cx.fp.op.kernel_op());
             // SAFETY: `out` is the caller's host buffer, lent for the call
             // and holding `b` bytes; the sources are slots of mapped pages
             // (never the caller's memory), each holding `b` bytes that no
             // rank rewrites before this rank's `finished` says so.
-            let (dtype, op) = (cx.fp.dtype, cx.fp.op.kernel_op());
             unsafe { crate::compute::reduce_host(dtype, op, out, &srcs) };
             pages.srcs = srcs;
             if call.avg {
