@@ -15,6 +15,7 @@
 use crate::call::{Fingerprint, Kind};
 use crate::comm::{Communicator, Inner, State};
 use crate::error::{Error, Result};
+use crate::executor::small::{HostSpan, SmallArgs};
 use crate::group::P2pOp;
 use crate::mem::{Buffer, BufferMut, MemorySpace, Region};
 use crate::types::{DataType, Element, ReduceOp};
@@ -39,24 +40,66 @@ impl Coll {
             .with_op(self.op)
             .with_root(self.root)
     }
+
+    /// The call as the small-message path sees it.
+    fn small(&self) -> crate::executor::small::SmallCall {
+        crate::executor::small::SmallCall {
+            kind: self.kind,
+            root: self.root,
+            bytes: self.count * self.dtype.size(),
+            avg: self.op == ReduceOp::Avg,
+        }
+    }
+
+    /// The executor's (input, output) for the caller's buffers (`send:
+    /// None`: in place): in place, all_gather's input is the output's
+    /// segment `rank` and reduce_scatter's output the input's (`sub`:
+    /// the bytes at an offset of a buffer; regions, or the small path's
+    /// plain spans).
+    #[inline(always)]
+    fn buffers<B: Copy>(
+        &self,
+        rank: usize,
+        send: Option<B>,
+        recv: B,
+        sub: impl Fn(B, usize, usize) -> B,
+    ) -> (Option<B>, B) {
+        let bytes = self.count * self.dtype.size();
+        let mine = || sub(recv, rank * bytes, bytes);
+        match (self.kind, send) {
+            (_, Some(s)) => (Some(s), recv),
+            (Kind::AllGather, None) => (Some(mine()), recv),
+            (Kind::ReduceScatter, None) => (Some(recv), mine()),
+            _ => (None, recv),
+        }
+    }
 }
 
 /// Elements of `dtype` in `r`, checking size and alignment.
 #[inline(always)]
 pub(crate) fn elems(what: &str, r: &Region, dtype: DataType) -> Result<usize> {
+    whole(r.addr, r.len, dtype.size()).ok_or_else(|| not_whole(what, r, dtype))
+}
+
+/// Elements of `es` bytes in the `len` bytes at `addr`, if they are whole
+/// and aligned.
+#[inline(always)]
+fn whole(addr: usize, len: usize, es: usize) -> Option<usize> {
+    (len.is_multiple_of(es) && addr.is_multiple_of(es)).then_some(len / es)
+}
+
+/// Why `r` holds no whole number of aligned `dtype` elements.
+#[cold]
+#[inline(never)]
+fn not_whole(what: &str, r: &Region, dtype: DataType) -> Error {
     let es = dtype.size();
-    if !r.len.is_multiple_of(es) {
-        return Err(Error::invalid(format!(
+    match r.len.is_multiple_of(es) {
+        false => Error::invalid(format!(
             "{what} has {} bytes, not a multiple of {dtype}'s {es}",
             r.len
-        )));
+        )),
+        true => Error::invalid(format!("{what} is not aligned to {es} bytes for {dtype}")),
     }
-    if !r.addr.is_multiple_of(es) {
-        return Err(Error::invalid(format!(
-            "{what} is not aligned to {es} bytes for {dtype}"
-        )));
-    }
-    Ok(r.len / es)
 }
 
 fn run_barrier(inner: &Inner, st: &mut State) -> Result<()> {
@@ -117,21 +160,12 @@ pub(crate) fn run_coll(
     // peer passing host memory then reports a mismatch). Registered
     // buffers are named as a direct call names them, so ranks passing
     // different ones disagree here too.
-    let small = crate::executor::small::SmallCall {
-        kind: c.kind,
-        root: c.root,
-        bytes: c.count * c.dtype.size(),
-        avg: c.op == ReduceOp::Avg,
-    };
+    let small = c.small();
     if st.small.is_some()
         && input.space.is_host()
         && recv.space.is_host()
         && crate::executor::small::eligible(&small, inner.nranks, inner.config.algo.is_some())
     {
-        inner.last_algorithm.store(
-            crate::comm::SMALL_PATH,
-            std::sync::atomic::Ordering::Relaxed,
-        );
         // Plain memory (nearly every small call) names no buffer and
         // needs no look at the registrations.
         let plain = |r: &Region| r.space == MemorySpace::Host;
@@ -139,7 +173,17 @@ pub(crate) fn run_coll(
             true => 0,
             false => small_ids(inner, st, c, send, recv),
         };
-        return inner.execute_small(st, c.fingerprint(), small, ids, input, recv);
+        let span = |r: &Region| HostSpan {
+            addr: r.addr,
+            len: r.len,
+        };
+        let args = SmallArgs {
+            call: small,
+            ids,
+            input: span(&input),
+            output: span(&recv),
+        };
+        return inner.execute_small(st, c.fingerprint(), &args);
     }
     let direct = direct_access(inner, st, c, send, recv);
     let passed = || {
@@ -232,60 +276,109 @@ fn small_ids(inner: &Inner, st: &State, c: &Coll, send: Option<Region>, recv: Re
     id(&send.unwrap_or(recv)) << 32 | output & 0xffff_ffff
 }
 
+/// Which rule a call's buffer lengths break (made into an `Error` only
+/// when a call fails, so that the check stays in registers).
+#[derive(Clone, Copy, Debug)]
+enum BadLength {
+    Root,
+    SendRecvDiffer,
+    GatherRecv,
+    ScatterSend,
+    Indivisible(usize),
+    RootSendRecvDiffer,
+    RootRecv,
+}
+
+/// The NCCL-style count of a call whose buffers hold `send` and `recv`
+/// elements (see the module docs), on rank `me` of `n`.
+#[inline(always)]
+fn count_of(
+    kind: Kind,
+    n: usize,
+    me: usize,
+    send: Option<usize>,
+    recv: usize,
+    root: usize,
+) -> std::result::Result<usize, BadLength> {
+    if matches!(kind, Kind::Broadcast | Kind::Reduce) && root >= n {
+        return Err(BadLength::Root);
+    }
+    let same = |s: usize| match s == recv {
+        true => Ok(recv),
+        false => Err(BadLength::SendRecvDiffer),
+    };
+    let per_rank = |len: usize| match len.is_multiple_of(n) {
+        true => Ok(len / n),
+        false => Err(BadLength::Indivisible(len)),
+    };
+    match kind {
+        Kind::AllReduce | Kind::Barrier => send.map_or(Ok(recv), same),
+        Kind::AllGather => match send {
+            Some(s) if s * n != recv => Err(BadLength::GatherRecv),
+            Some(s) => Ok(s),
+            None => per_rank(recv),
+        },
+        Kind::ReduceScatter => match send {
+            Some(s) if s != recv * n => Err(BadLength::ScatterSend),
+            Some(_) => Ok(recv),
+            None => per_rank(recv),
+        },
+        Kind::AllToAll => send.map_or(Ok(recv), same).and_then(per_rank),
+        Kind::Broadcast => match send {
+            Some(s) if me == root && s != recv => Err(BadLength::RootSendRecvDiffer),
+            _ => Ok(recv),
+        },
+        Kind::Reduce => match send {
+            Some(s) if me == root && s != recv => Err(BadLength::RootRecv),
+            Some(s) => Ok(s),
+            None => Ok(recv),
+        },
+        Kind::P2p => Ok(recv),
+    }
+}
+
+impl BadLength {
+    /// The error a call with these lengths gets.
+    #[cold]
+    #[inline(never)]
+    fn error(self, kind: Kind, n: usize, send: Option<usize>, recv: usize, root: usize) -> Error {
+        let s = send.unwrap_or(0);
+        let m = match self {
+            BadLength::Root => {
+                return Error::invalid(format!(
+                    "root {root} is not a rank of this {n}-rank communicator"
+                ))
+            }
+            BadLength::SendRecvDiffer => {
+                format!("send has {s} elements, recv {recv}; they must match")
+            }
+            BadLength::GatherRecv => format!(
+                "recv must hold nranks x send = {} elements, has {recv}",
+                s * n
+            ),
+            BadLength::ScatterSend => format!(
+                "send must hold nranks x recv = {} elements, has {s}",
+                recv * n
+            ),
+            BadLength::Indivisible(len) => {
+                format!("{len} elements are not divisible by {n} ranks")
+            }
+            BadLength::RootSendRecvDiffer => {
+                format!("at the root, send has {s} elements and recv {recv}; they must match")
+            }
+            BadLength::RootRecv => format!("at the root, recv must hold {s} elements, has {recv}"),
+        };
+        Error::invalid(format!("{}: {m}", kind.name()))
+    }
+}
+
 impl Communicator {
     /// Validate lengths (in elements) and return the NCCL-style count.
+    #[inline(always)]
     fn check(&self, kind: Kind, send: Option<usize>, recv: usize, root: usize) -> Result<usize> {
-        let (n, me) = (self.nranks(), self.rank());
-        if matches!(kind, Kind::Broadcast | Kind::Reduce) && root >= n {
-            return Err(Error::invalid(format!(
-                "root {root} is not a rank of this {n}-rank communicator"
-            )));
-        }
-        let len_err = |m: String| Err(Error::invalid(format!("{}: {m}", kind.name())));
-        let same = |s: usize| match s == recv {
-            true => Ok(recv),
-            false => len_err(format!(
-                "send has {s} elements, recv {recv}; they must match"
-            )),
-        };
-        let per_rank = |len: usize| match len.is_multiple_of(n) {
-            true => Ok(len / n),
-            false => len_err(format!("{len} elements are not divisible by {n} ranks")),
-        };
-        match kind {
-            Kind::AllReduce | Kind::Barrier => send.map_or(Ok(recv), same),
-            Kind::AllGather => match send {
-                Some(s) if s * n != recv => len_err(format!(
-                    "recv must hold nranks x send = {} elements, has {recv}",
-                    s * n
-                )),
-                Some(s) => Ok(s),
-                None => per_rank(recv),
-            },
-            Kind::ReduceScatter => match send {
-                Some(s) if s != recv * n => len_err(format!(
-                    "send must hold nranks x recv = {} elements, has {s}",
-                    recv * n
-                )),
-                Some(_) => Ok(recv),
-                None => per_rank(recv),
-            },
-            Kind::AllToAll => send.map_or(Ok(recv), same).and_then(per_rank),
-            Kind::Broadcast => match send {
-                Some(s) if me == root && s != recv => len_err(format!(
-                    "at the root, send has {s} elements and recv {recv}; they must match"
-                )),
-                _ => Ok(recv),
-            },
-            Kind::Reduce => match send {
-                Some(s) if me == root && s != recv => len_err(format!(
-                    "at the root, recv must hold {s} elements, has {recv}"
-                )),
-                Some(s) => Ok(s),
-                None => Ok(recv),
-            },
-            Kind::P2p => Ok(recv),
-        }
+        let n = self.nranks();
+        count_of(kind, n, self.rank(), send, recv, root)
+            .map_err(|bad| bad.error(kind, n, send, recv, root))
     }
 
     /// Check a collective on regions and turn it into the executor's
@@ -315,13 +408,67 @@ impl Communicator {
             count,
             in_place: send.is_none(),
         };
-        let mine = || recv.sub(self.rank() * count * dtype.size(), count * dtype.size());
-        Ok(match (kind, send) {
-            (_, Some(s)) => (c, Some(s), recv),
-            (Kind::AllGather, None) => (c, Some(mine()), recv),
-            (Kind::ReduceScatter, None) => (c, Some(recv), mine()),
-            _ => (c, None, recv),
-        })
+        let (send, recv) = c.buffers(self.rank(), send, recv, |r, off, len| r.sub(off, len));
+        Ok((c, send, recv))
+    }
+
+    /// A call on plain host memory that takes the small-message path, as
+    /// that path runs it, if its arguments are right (`None` otherwise:
+    /// the general entry checks them again and says what is wrong). The
+    /// same checks as [`plan`](Self::plan), on plain words rather than
+    /// regions and without its `Result`s: a small call is bound by the
+    /// instructions it runs (docs/PERFORMANCE.md, twenty-third round).
+    #[inline(always)]
+    fn small_plain(
+        &self,
+        kind: Kind,
+        send: Option<Region>,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Option<(Fingerprint, SmallArgs)> {
+        let plain = |r: &Region| {
+            (r.space == MemorySpace::Host).then_some(HostSpan {
+                addr: r.addr,
+                len: r.len,
+            })
+        };
+        let recv = plain(&recv)?;
+        let send = match &send {
+            Some(s) => Some(plain(s)?),
+            None => None,
+        };
+        let es = dtype.size();
+        let s_elems = match send {
+            Some(s) => Some(whole(s.addr, s.len, es)?),
+            None => None,
+        };
+        let r_elems = whole(recv.addr, recv.len, es)?;
+        let (n, me) = (self.nranks(), self.rank());
+        let count = count_of(kind, n, me, s_elems, r_elems, root).ok()?;
+        let c = Coll {
+            kind,
+            dtype,
+            op,
+            root,
+            count,
+            in_place: send.is_none(),
+        };
+        let call = c.small();
+        let forced = self.inner.config.algo.is_some();
+        if !crate::executor::small::eligible(&call, n, forced) {
+            return None;
+        }
+        let (input, output) = c.buffers(me, send, recv, HostSpan::sub);
+        let args = SmallArgs {
+            call,
+            // Plain memory names no registered buffer.
+            ids: 0,
+            input: input.unwrap_or(output),
+            output,
+        };
+        Some((c.fingerprint(), args))
     }
 
     /// Run collective `kind` on regions (`send: None`: in place on `recv`).
@@ -334,6 +481,17 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
+        // Small calls on plain memory, once this host's small pages are
+        // there, take the lean entry: the same checks, then the small path.
+        if self
+            .inner
+            .small_ready
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            if let Some((fp, args)) = self.small_plain(kind, send, recv, dtype, op, root) {
+                return self.run(|inner, st| inner.execute_small(st, fp, &args));
+            }
+        }
         let (c, send, recv) = self.plan(kind, send, recv, dtype, op, root)?;
         self.run(|inner, st| run_coll(inner, st, &c, send, recv))
     }

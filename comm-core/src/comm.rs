@@ -91,6 +91,10 @@ pub(crate) struct Inner {
     /// The algorithm of the last collective that ran (its name).
     /// (Its position in `algorithms::REGISTRY` plus one; 0: none yet.)
     pub(crate) last_algorithm: AtomicUsize,
+    /// Set once `State::small` holds this host's small pages (at creation,
+    /// never unset): a small call on plain memory checks it before it
+    /// takes its turn, and so builds only what that path needs.
+    pub(crate) small_ready: AtomicBool,
     /// The last calls, always on (see `crate::flight`).
     pub(crate) flight: Arc<crate::flight::FlightRecorder>,
     /// The timeline trace, with `OXCCL_TRACE` (see `crate::trace`).
@@ -622,6 +626,7 @@ impl Communicator {
                 aborted: AtomicBool::new(false),
                 abort_fd: eventfd()?,
                 last_algorithm: AtomicUsize::new(0),
+                small_ready: AtomicBool::new(false),
                 flight,
                 tracer,
                 worker: Worker::default(),
@@ -790,11 +795,12 @@ impl Communicator {
         // every rank made the same two calls, none is in flight, and the
         // pages hold nothing yet (they come into use only now).
         let inner_flight = self.inner.flight.clone();
-        self.run(move |_, st| {
+        self.run(move |inner, st| {
             st.small = Some(executor::small::SmallPages::new(
                 small_own.expect("three pages"),
                 small_peers.expect("three pages"),
             ));
+            inner.small_ready.store(true, Ordering::Relaxed);
             st.flags = Some(SyncFlags::new(
                 flag_own.expect("three pages"),
                 flag_peers.expect("three pages"),
@@ -1564,34 +1570,28 @@ impl Inner {
 
     /// Run a collective on the small-message path ([`executor::small`];
     /// the caller checked it applies: `st.small` is there, the call is
-    /// eligible, `input` and `output` are host memory).
+    /// eligible, its buffers are host memory), recorded as the last
+    /// algorithm.
     #[inline(always)]
     pub(crate) fn execute_small(
         &self,
         st: &mut State,
         fp: Fingerprint,
-        call: executor::small::SmallCall,
-        ids: u64,
-        input: Region,
-        output: Region,
+        args: &executor::small::SmallArgs,
     ) -> Result<()> {
-        self.numbered(st, |me, st, seq| {
-            me.execute_small_seq(st, fp, seq, call, ids, input, output)
-        })
+        self.last_algorithm.store(SMALL_PATH, Ordering::Relaxed);
+        self.numbered(st, |me, st, seq| me.execute_small_seq(st, fp, seq, args))
     }
 
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     fn execute_small_seq(
         &self,
         st: &mut State,
         fp: Fingerprint,
         seq: u64,
-        call: executor::small::SmallCall,
-        ids: u64,
-        input: Region,
-        output: Region,
+        args: &executor::small::SmallArgs,
     ) -> Result<()> {
+        let ids = args.ids;
         // Described with its registered buffers, as it publishes itself.
         let now = self.begin(
             &mut st.control,
@@ -1619,7 +1619,7 @@ impl Inner {
             cx.ids = ids;
             cx
         });
-        executor::small::run(pages, net.host_engine(), &mut cx, call, ids, input, output)
+        executor::small::run(pages, net.host_engine(), &mut cx, args)
     }
 
     /// A failure elsewhere that was announced while this rank was between

@@ -186,6 +186,7 @@ fn state_of(meta: u64) -> CallState {
 impl Slot {
     /// Change the slot: `f` stores its fields between the two version
     /// steps (the only writer is the call running).
+    #[inline]
     fn write(&self, f: impl FnOnce(&Slot)) {
         let v = self.version.load(Ordering::Relaxed);
         self.version.store(v.wrapping_add(1), Ordering::Relaxed);

@@ -94,6 +94,7 @@ impl<T> Turns<T> {
     }
 
     /// The turn of `ticket`, whose turn it is now.
+    #[inline]
     fn turn(&self, ticket: Ticket) -> Result<Turn<'_, T>, NoTurn> {
         let turn = Turn {
             turns: self,
@@ -175,6 +176,7 @@ impl<T> DerefMut for Turn<'_, T> {
 }
 
 impl<T> Drop for Turn<'_, T> {
+    #[inline]
     fn drop(&mut self) {
         let t = self.turns;
         if std::thread::panicking() {

@@ -141,6 +141,9 @@ pub(crate) struct SmallPages {
     /// Each peer's `finished` as last read here: while it covers the call
     /// that last wrote a slot, reusing the slot reads nothing of the peer.
     seen: Vec<u32>,
+    /// The least of `seen` over the peers: while it covers that call, no
+    /// peer needs a look (one comparison a call instead of a loop).
+    seen_all: u32,
     /// The slots a call combines, one per rank (kept: a warm call
     /// allocates nothing).
     srcs: Vec<Region>,
@@ -168,6 +171,7 @@ impl SmallPages {
             base,
             written: [0; DEPTH],
             seen: vec![0; n],
+            seen_all: 0,
             srcs: vec![Region::EMPTY; n],
             unstored: Cell::new((0, 0)),
             claims: crate::sys::prefetches_for_write(),
@@ -400,6 +404,62 @@ impl SmallCall {
             _ => true,
         }
     }
+
+    /// The peers whose slots rank `me` reads (see [`SmallCall::reads`]).
+    fn read_peers(&self, me: usize, n: usize) -> Peers {
+        match self.kind {
+            Kind::Broadcast if me != self.root => Peers {
+                next: self.root,
+                end: self.root + 1,
+                me,
+            },
+            _ if self.reads(me, me) => Peers::all(me, n),
+            _ => Peers::NONE,
+        }
+    }
+}
+
+/// Ranks `next..end` but `me`: a small call's peers, as plain counters (an
+/// iterator adapter over a range cost a 2-rank 8-byte call about 20
+/// instructions a loop, `callgrind`).
+#[derive(Clone, Copy)]
+struct Peers {
+    next: usize,
+    end: usize,
+    me: usize,
+}
+
+impl Peers {
+    const NONE: Peers = Peers {
+        next: 0,
+        end: 0,
+        me: 0,
+    };
+
+    /// Every rank of `n` but `me`.
+    fn all(me: usize, n: usize) -> Peers {
+        Peers {
+            next: 0,
+            end: n,
+            me,
+        }
+    }
+}
+
+impl Iterator for Peers {
+    type Item = usize;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<usize> {
+        if self.next == self.me {
+            self.next += 1;
+        }
+        let k = self.next;
+        (k < self.end).then(|| {
+            self.next += 1;
+            k
+        })
+    }
 }
 
 /// Whether a call takes the small path: the same answer on every rank (it
@@ -458,20 +518,68 @@ impl<'a, F: FnOnce() -> CallCtx<'a>> SmallCtx<'a, F> {
     }
 }
 
-/// Run `call` over the small pages: `input` and `output` are host memory
-/// holding the call's buffers as the executor names them (in place,
-/// all_gather's input is the output's segment of this rank and
-/// reduce_scatter's output the input's); `ids` names the registered
-/// buffers passed (as a direct call does).
+/// A small call with its buffers, host memory that holds them as the
+/// executor names them (in place, all_gather's input is the output's
+/// segment of this rank and reduce_scatter's output the input's); `ids`
+/// names the registered buffers passed (as a direct call does; 0: plain
+/// memory). Plain words passed by reference: moved through each layer as
+/// `Region`s by value, a 2-rank 8-byte call's buffers took about 60 of its
+/// 1000 instructions (`callgrind`, docs/PERFORMANCE.md, twenty-third
+/// round).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SmallArgs {
+    pub call: SmallCall,
+    pub ids: u64,
+    pub input: HostSpan,
+    pub output: HostSpan,
+}
+
+/// `len` bytes of host memory at `addr`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostSpan {
+    pub addr: usize,
+    pub len: usize,
+}
+
+impl HostSpan {
+    /// The `len` bytes at `off` of it (panics outside it, as
+    /// [`Region::sub`] does).
+    #[inline(always)]
+    pub(crate) fn sub(self, off: usize, len: usize) -> HostSpan {
+        assert!(
+            off.checked_add(len).is_some_and(|e| e <= self.len),
+            "{len} bytes at {off} exceed a span of {}",
+            self.len
+        );
+        HostSpan {
+            addr: self.addr + off,
+            len,
+        }
+    }
+
+    fn region(self) -> Region {
+        Region {
+            space: MemorySpace::Host,
+            addr: self.addr,
+            len: self.len,
+        }
+    }
+}
+
+/// Run a small call over the small pages.
 pub(crate) fn run<'a, F: FnOnce() -> CallCtx<'a>>(
     pages: &mut SmallPages,
     engine: &mut dyn Compute,
     cx: &mut SmallCtx<'a, F>,
-    call: SmallCall,
-    ids: u64,
-    input: Region,
-    output: Region,
+    args: &SmallArgs,
 ) -> Result<()> {
+    let SmallArgs {
+        call,
+        ids,
+        input,
+        output,
+    } = *args;
+    let (input, output) = (input.region(), output.region());
     let (me, n, seq) = (cx.rank, cx.nranks, cx.seq);
     let q = (seq % DEPTH as u64) as usize;
     let target = seq + 1;
@@ -481,7 +589,7 @@ pub(crate) fn run<'a, F: FnOnce() -> CallCtx<'a>>(
     let words = fp.to_words();
     write(pages, cx, words, ids, slot_bytes, part)?;
     // Every part this rank reads, of the same call.
-    for k in (0..n).filter(|k| *k != me && call.reads(me, *k)) {
+    for k in call.read_peers(me, n) {
         let published = |p: &SmallPages| {
             if reached(p.ready(k, q).load(Ordering::Acquire), target as u32)
                 && p.published(k, q)[2].load(Ordering::Relaxed) == target
@@ -514,7 +622,7 @@ pub(crate) fn run<'a, F: FnOnce() -> CallCtx<'a>>(
     // then (2-rank 8-byte reduce -15 %, broadcast -12 %, paired; all_reduce
     // and all_gather, where peers run side by side, unchanged).
     let next = (q + 1) % DEPTH;
-    for k in (0..n).filter(|k| *k != me && call.reads(me, *k)) {
+    for k in call.read_peers(me, n) {
         pages.prefetch(k, next);
     }
     pages.claim(me, (q + CLAIM_AHEAD) % DEPTH);
@@ -541,8 +649,8 @@ fn write<'a, F: FnOnce() -> CallCtx<'a>>(
     // The slot is free once every peer finished the call that last wrote
     // it (as last seen here, else as its word says now).
     let last = pages.written[q] as u32;
-    if pages.written[q] != 0 {
-        for k in (0..n).filter(|k| *k != me) {
+    if pages.written[q] != 0 && !reached(pages.seen_all, last) {
+        for k in Peers::all(me, n) {
             if reached(pages.seen[k], last) {
                 continue;
             }
@@ -556,6 +664,11 @@ fn write<'a, F: FnOnce() -> CallCtx<'a>>(
             wait_for(pages, cx, k, q, Word::Finished, what, read)?;
             pages.seen[k] = pages.finished(k).load(Ordering::Acquire);
         }
+        // (Within 2^31 calls of each other: compared as `reached` does.)
+        let seen = Peers::all(me, n).map(|k| pages.seen[k]);
+        pages.seen_all = seen
+            .reduce(|a, b| if reached(b, a) { a } else { b })
+            .unwrap_or(last);
     }
     // No peer reads the slot now (above); it holds the call's slot bytes
     // (`INLINE` or `SLOT`), at least `len`.
