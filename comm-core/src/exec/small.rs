@@ -419,6 +419,15 @@ impl SmallCall {
     }
 }
 
+/// The earlier of two calls' `s + 1` (within 2^31 calls of each other:
+/// compared as [`reached`] does, across the wrap of the low 32 bits).
+fn earlier(a: u32, b: u32) -> u32 {
+    match reached(b, a) {
+        true => a,
+        false => b,
+    }
+}
+
 /// Ranks `next..end` but `me`: a small call's peers, as plain counters (an
 /// iterator adapter over a range cost a 2-rank 8-byte call about 20
 /// instructions a loop, `callgrind`).
@@ -664,11 +673,8 @@ fn write<'a, F: FnOnce() -> CallCtx<'a>>(
             wait_for(pages, cx, k, q, Word::Finished, what, read)?;
             pages.seen[k] = pages.finished(k).load(Ordering::Acquire);
         }
-        // (Within 2^31 calls of each other: compared as `reached` does.)
         let seen = Peers::all(me, n).map(|k| pages.seen[k]);
-        pages.seen_all = seen
-            .reduce(|a, b| if reached(b, a) { a } else { b })
-            .unwrap_or(last);
+        pages.seen_all = seen.reduce(earlier).unwrap_or(last);
     }
     // No peer reads the slot now (above); it holds the call's slot bytes
     // (`INLINE` or `SLOT`), at least `len`.
@@ -853,5 +859,53 @@ fn wait_for<'a, F: FnOnce() -> CallCtx<'a>>(
             return Ok(());
         }
         cx.after_slice(k)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_call_reads_exactly_the_peers_it_waits_for() {
+        let kinds = [
+            Kind::AllReduce,
+            Kind::AllGather,
+            Kind::ReduceScatter,
+            Kind::Broadcast,
+            Kind::Reduce,
+            Kind::AllToAll,
+            Kind::Barrier,
+        ];
+        for kind in kinds {
+            for n in 1..6 {
+                for root in 0..n {
+                    let call = SmallCall {
+                        kind,
+                        root,
+                        bytes: 8,
+                        avg: false,
+                    };
+                    for me in 0..n {
+                        let want: Vec<usize> =
+                            (0..n).filter(|k| *k != me && call.reads(me, *k)).collect();
+                        let got: Vec<usize> = call.read_peers(me, n).collect();
+                        assert_eq!(got, want, "{kind:?} root {root}, rank {me} of {n}");
+                        let all: Vec<usize> = Peers::all(me, n).collect();
+                        assert_eq!(all, (0..n).filter(|k| *k != me).collect::<Vec<_>>());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_earlier_call_is_found_across_the_wrap() {
+        assert_eq!(earlier(5, 7), 5);
+        assert_eq!(earlier(7, 5), 5);
+        assert_eq!(earlier(9, 9), 9);
+        // `u32::MAX` comes two calls before 1 once the low bits wrap.
+        assert_eq!(earlier(1, u32::MAX), u32::MAX);
+        assert_eq!(earlier(u32::MAX, 1), u32::MAX);
     }
 }
