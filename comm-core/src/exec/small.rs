@@ -868,16 +868,7 @@ mod tests {
 
     #[test]
     fn a_call_reads_exactly_the_peers_it_waits_for() {
-        let kinds = [
-            Kind::AllReduce,
-            Kind::AllGather,
-            Kind::ReduceScatter,
-            Kind::Broadcast,
-            Kind::Reduce,
-            Kind::AllToAll,
-            Kind::Barrier,
-        ];
-        for kind in kinds {
+        for kind in Kind::COLLECTIVES {
             for n in 1..6 {
                 for root in 0..n {
                     let call = SmallCall {
