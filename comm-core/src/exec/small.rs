@@ -531,10 +531,10 @@ impl<'a, F: FnOnce() -> CallCtx<'a>> SmallCtx<'a, F> {
 /// executor names them (in place, all_gather's input is the output's
 /// segment of this rank and reduce_scatter's output the input's); `ids`
 /// names the registered buffers passed (as a direct call does; 0: plain
-/// memory). Plain words passed by reference: moved through each layer as
-/// `Region`s by value, a 2-rank 8-byte call's buffers took about 60 of its
-/// 1000 instructions (`callgrind`, docs/PERFORMANCE.md, twenty-third
-/// round).
+/// memory). Plain words, passed by reference: `Region`s (40 bytes, a
+/// `MemorySpace` inside) moved by value from layer to layer were much of
+/// what the layers above this path cost a small call
+/// (docs/PERFORMANCE.md, twenty-third round).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SmallArgs {
     pub call: SmallCall,
