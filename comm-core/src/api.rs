@@ -373,12 +373,27 @@ impl BadLength {
 }
 
 impl Communicator {
-    /// Validate lengths (in elements) and return the NCCL-style count.
+    /// The call, if buffers of `send` and `recv` elements fit its kind
+    /// (see [`count_of`]).
     #[inline(always)]
-    fn check(&self, kind: Kind, send: Option<usize>, recv: usize, root: usize) -> Result<usize> {
-        let n = self.nranks();
-        count_of(kind, n, self.rank(), send, recv, root)
-            .map_err(|bad| bad.error(kind, n, send, recv, root))
+    fn coll(
+        &self,
+        kind: Kind,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        send: Option<usize>,
+        recv: usize,
+    ) -> std::result::Result<Coll, BadLength> {
+        let count = count_of(kind, self.nranks(), self.rank(), send, recv, root)?;
+        Ok(Coll {
+            kind,
+            dtype,
+            op,
+            root,
+            count,
+            in_place: send.is_none(),
+        })
     }
 
     /// Check a collective on regions and turn it into the executor's
@@ -399,15 +414,9 @@ impl Communicator {
             .map(|s| elems("send buffer", s, dtype))
             .transpose()?;
         let r_elems = elems("recv buffer", &recv, dtype)?;
-        let count = self.check(kind, s_elems, r_elems, root)?;
-        let c = Coll {
-            kind,
-            dtype,
-            op,
-            root,
-            count,
-            in_place: send.is_none(),
-        };
+        let c = self
+            .coll(kind, dtype, op, root, s_elems, r_elems)
+            .map_err(|bad| bad.error(kind, self.nranks(), s_elems, r_elems, root))?;
         let (send, recv) = c.buffers(self.rank(), send, recv, |r, off, len| r.sub(off, len));
         Ok((c, send, recv))
     }
@@ -445,22 +454,13 @@ impl Communicator {
             None => None,
         };
         let r_elems = whole(recv.addr, recv.len, es)?;
-        let (n, me) = (self.nranks(), self.rank());
-        let count = count_of(kind, n, me, s_elems, r_elems, root).ok()?;
-        let c = Coll {
-            kind,
-            dtype,
-            op,
-            root,
-            count,
-            in_place: send.is_none(),
-        };
+        let c = self.coll(kind, dtype, op, root, s_elems, r_elems).ok()?;
         let call = c.small();
         let forced = self.inner.config.algo.is_some();
-        if !crate::executor::small::eligible(&call, n, forced) {
+        if !crate::executor::small::eligible(&call, self.nranks(), forced) {
             return None;
         }
-        let (input, output) = c.buffers(me, send, recv, HostSpan::sub);
+        let (input, output) = c.buffers(self.rank(), send, recv, HostSpan::sub);
         let args = SmallArgs {
             call,
             // Plain memory names no registered buffer.
