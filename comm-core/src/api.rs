@@ -173,15 +173,11 @@ pub(crate) fn run_coll(
             true => 0,
             false => small_ids(inner, st, c, send, recv),
         };
-        let span = |r: &Region| HostSpan {
-            addr: r.addr,
-            len: r.len,
-        };
         let args = SmallArgs {
             call: small,
             ids,
-            input: span(&input),
-            output: span(&recv),
+            input: HostSpan::of(&input),
+            output: HostSpan::of(&recv),
         };
         return inner.execute_small(st, c.fingerprint(), &args);
     }
@@ -437,12 +433,7 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Option<(Fingerprint, SmallArgs)> {
-        let plain = |r: &Region| {
-            (r.space == MemorySpace::Host).then_some(HostSpan {
-                addr: r.addr,
-                len: r.len,
-            })
-        };
+        let plain = |r: &Region| (r.space == MemorySpace::Host).then(|| HostSpan::of(r));
         let recv = plain(&recv)?;
         let send = match &send {
             Some(s) => Some(plain(s)?),

@@ -551,21 +551,22 @@ pub(crate) struct HostSpan {
 }
 
 impl HostSpan {
-    /// The `len` bytes at `off` of it (panics outside it, as
-    /// [`Region::sub`] does).
+    /// Where `r` lies (its memory space aside).
     #[inline(always)]
-    pub(crate) fn sub(self, off: usize, len: usize) -> HostSpan {
-        assert!(
-            off.checked_add(len).is_some_and(|e| e <= self.len),
-            "{len} bytes at {off} exceed a span of {}",
-            self.len
-        );
+    pub(crate) fn of(r: &Region) -> HostSpan {
         HostSpan {
-            addr: self.addr + off,
-            len,
+            addr: r.addr,
+            len: r.len,
         }
     }
 
+    /// The `len` bytes at `off` of it (panics outside it: [`Region::sub`]).
+    #[inline(always)]
+    pub(crate) fn sub(self, off: usize, len: usize) -> HostSpan {
+        HostSpan::of(&self.region().sub(off, len))
+    }
+
+    /// As a region of plain host memory.
     fn region(self) -> Region {
         Region {
             space: MemorySpace::Host,
