@@ -149,10 +149,10 @@ impl Tally {
 pub(crate) struct Handoff {
     /// Whether this rank's staging writes stream outside its probes.
     streaming: bool,
-    /// How many judgements in a row went against `streaming` (it turns
-    /// at the second: one preempted copy is not a placement, nor is one
-    /// call whose peer's lines had left its cache during a pause).
-    against: u8,
+    /// Whether the last judgement went against `streaming` (the second
+    /// in a row turns it: one preempted copy is not a placement, nor is
+    /// one call whose peer's lines had left its cache during a pause).
+    against: bool,
     /// Judgements made, up to [`FIRST_JUDGEMENTS`].
     judgements: u8,
     reads: Tally,
@@ -259,7 +259,7 @@ impl Handoff {
             return None;
         }
         self.judge();
-        (self.against == 0).then_some(self.streaming)
+        (!self.against).then_some(self.streaming)
     }
 
     /// A call ended (successfully): if it probed (`probed`) and the
@@ -320,12 +320,12 @@ impl Handoff {
     fn count(&mut self, crossed: bool) {
         self.judgements = self.judgements.saturating_add(1).min(FIRST_JUDGEMENTS);
         if crossed == self.streaming {
-            self.against = 0;
-        } else if self.against == 0 {
-            self.against = 1;
+            self.against = false;
+        } else if !self.against {
+            self.against = true;
         } else {
             self.streaming = crossed;
-            self.against = 0;
+            self.against = false;
         }
     }
 }
@@ -395,7 +395,7 @@ mod tests {
         h.read(MIN_BYTES as usize - 4096, 1);
         h.wrote(MIN_BYTES as usize - 4096, 1, false);
         h.ended(true);
-        assert_eq!(h.against, 1);
+        assert!(h.against);
         assert!(h.streams(3 * PROBE_EVERY + 1, 0));
         after_probe(&mut h, 40.0, 35.0);
         assert!(!h.streams(4 * PROBE_EVERY + 1, 0));
@@ -500,7 +500,7 @@ mod tests {
         let cycle = (STREAMED_REUSE as usize + 1) * per;
         let modes = probes(&mut h, 3 * per, 3 * cycle, 20.0, 17.0);
         assert!(!h.streams(next + 1, piece));
-        assert!(!h.streaming && h.against == 0);
+        assert!(!h.streaming && !h.against);
         // The first streamed rate serves six more judgements; then each
         // cycle streams one judgement's worth of probes.
         let streamed = modes.iter().filter(|s| **s).count();
@@ -513,10 +513,10 @@ mod tests {
         let mut h = Handoff::default();
         probes(&mut h, 0, 2 * per, 20.0, 17.0);
         probes(&mut h, 2 * per, per, 2.5, 17.0);
-        assert_eq!(h.against, 1);
+        assert!(h.against);
         assert!(!h.streams(1, piece));
         probes(&mut h, 3 * per, per, 20.0, 17.0);
-        assert!(!h.streaming && h.against == 0);
+        assert!(!h.streaming && !h.against);
     }
 
     #[test]
