@@ -262,6 +262,23 @@ impl Handoff {
         (!self.against).then_some(self.streaming)
     }
 
+    /// How a probe call that settles within itself writes its staging
+    /// while its judgement is open: through the cache (or streamed, by a
+    /// rank that measures its streamed writes) until it holds a
+    /// judgement's worth of writes through the cache (`judge` bytes),
+    /// past that the way the gauge writes until its reads catch up. A
+    /// rank whose writes outrun its reads would otherwise write its whole
+    /// share through the cache before it could judge: in 2-rank 256 MiB
+    /// pairwise all_to_alls on two caches one rank wrote all its 128 MiB
+    /// (crossed, 2.3-2.7 B/ns) before it had read 4 MiB of its peer's,
+    /// which read all of the rank's first, call after call, even with the
+    /// gauge streaming; such launches ran 58-89 ms against 28-35
+    /// (docs/PERFORMANCE.md, twenty-fifth round).
+    pub fn open_writes(&self, judge: u64) -> bool {
+        self.measures_streamed()
+            || (self.streaming && self.writes.bytes >= judge && self.reads.bytes < judge)
+    }
+
     /// A call ended (successfully): if it probed (`probed`) and the
     /// probes since the last judgement measured enough, that decides the
     /// writes until the next probe: they turn at the second judgement in
@@ -546,6 +563,43 @@ mod tests {
         assert!(h.streams(3, 0));
         assert_eq!(judged(&mut h, 40.0, 35.0), Some(false));
         assert!(!h.streams(3, 0));
+    }
+
+    #[test]
+    fn writes_that_outrun_reads_go_the_gauges_way_until_the_judgement() {
+        let judge = JUDGE_MAX;
+        let n = judge as usize;
+        // A gauge that streams (two crossed judgements).
+        let mut h = Handoff::default();
+        assert_eq!(judged(&mut h, 2.0, 50.0), None);
+        assert_eq!(judged(&mut h, 2.0, 50.0), Some(true));
+        // The next large call writes through the cache while it judges...
+        assert!(!h.streams(3, EVERY_CALL_FROM) && !h.open_writes(judge));
+        h.wrote(n - 1, (n as f64 / 2.5) as u64, false);
+        h.read(n / 2, 1);
+        assert!(!h.open_writes(judge));
+        // ... until it holds a judgement's worth of writes: the reads
+        // lag, and its further writes stream, as the gauge does.
+        h.wrote(1, 1, false);
+        assert!(h.open_writes(judge));
+        h.wrote(8 * n, 1, true);
+        assert!(h.open_writes(judge));
+        // Once the reads catch up it judges (crossed: settled, streams).
+        h.read(n / 2, (n as f64 / 15.0) as u64);
+        assert_eq!(h.settle(judge), Some(true));
+        // A gauge that writes through the cache keeps doing so.
+        let mut h = Handoff::default();
+        assert_eq!(judged(&mut h, 40.0, 35.0), Some(false));
+        h.wrote(2 * n, 1, false);
+        h.read(n / 2, 1);
+        assert!(!h.open_writes(judge));
+        // A rank that measures its streamed writes (it only writes) keeps
+        // streaming them: it holds no writes through the cache to judge.
+        let mut h = Handoff::default();
+        h.wrote(n, (n as f64 / 2.0) as u64, false);
+        h.ended(true);
+        assert!(h.measures_streamed());
+        assert!(h.open_writes(judge));
     }
 
     #[test]

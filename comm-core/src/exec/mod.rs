@@ -849,10 +849,8 @@ fn execute_with(
                 // Judged here too, not only when the rank waits: a rank
                 // whose peers are always ahead would run its whole call
                 // before looking.
-                if settling {
-                    if let Some(streams) = settle_staging(handoff, judge, &mut net.links) {
-                        (settling, probe, stage_streams) = (false, false, streams);
-                    }
+                if settling && settle_staging(handoff, judge, &mut net.links, &mut stage_streams) {
+                    (settling, probe) = (false, false);
                 }
             }
             progressed = true;
@@ -904,6 +902,19 @@ fn execute_with(
                     Ok(k) => {
                         if let Some(t0) = t0.filter(|_| k > 0) {
                             handoff.wrote(k, crate::sys::Stamp::now().ns_since(t0), stage_streams);
+                            // Judged here too, and after each read: a
+                            // rank's writes may run a whole call's share
+                            // ahead of its reads (`Handoff::open_writes`).
+                            if settling
+                                && settle_staging(
+                                    handoff,
+                                    judge,
+                                    &mut net.links,
+                                    &mut stage_streams,
+                                )
+                            {
+                                (settling, probe) = (false, false);
+                            }
                         }
                         ch.s_off += k;
                         progressed |= k > 0;
@@ -982,6 +993,16 @@ fn execute_with(
                     Ok(k) => {
                         if let Some(t0) = t0.filter(|_| k > 0) {
                             handoff.read(k, crate::sys::Stamp::now().ns_since(t0));
+                            if settling
+                                && settle_staging(
+                                    handoff,
+                                    judge,
+                                    &mut net.links,
+                                    &mut stage_streams,
+                                )
+                            {
+                                (settling, probe) = (false, false);
+                            }
                         }
                         let before = ch.r_off;
                         ch.r_off += k;
@@ -1036,10 +1057,8 @@ fn execute_with(
             handoff.ended(probe);
             return Ok(());
         }
-        if settling {
-            if let Some(streams) = settle_staging(handoff, judge, &mut net.links) {
-                (settling, probe, stage_streams) = (false, false, streams);
-            }
+        if settling && settle_staging(handoff, judge, &mut net.links, &mut stage_streams) {
+            (settling, probe) = (false, false);
         }
         if progressed {
             spin.moved();
@@ -1103,17 +1122,25 @@ fn stage_writes_on_links(links: &mut [Option<Box<dyn Link>>], streams: bool) {
     }
 }
 
-/// Within a call that settles its staging: once the gauge has settled
-/// (judgements of `judge` bytes), whether the rest of the call's staging
-/// writes stream, the links already told.
+/// Within a call that settles its staging: whether the gauge has settled
+/// (judgements of `judge` bytes); the call's staging writes
+/// (`stage_streams`, the links told) go as it settled, or until then as
+/// its open judgement wants them (`Handoff::open_writes`).
 fn settle_staging(
     gauge: &mut handoff::Handoff,
     judge: u64,
     links: &mut [Option<Box<dyn Link>>],
-) -> Option<bool> {
-    let streams = gauge.settle(judge)?;
-    stage_writes_on_links(links, streams);
-    Some(streams)
+    stage_streams: &mut bool,
+) -> bool {
+    let (streams, settled) = match gauge.settle(judge) {
+        Some(streams) => (streams, true),
+        None => (gauge.open_writes(judge), false),
+    };
+    if streams != *stage_streams {
+        stage_writes_on_links(links, streams);
+        *stage_streams = streams;
+    }
+    settled
 }
 
 /// A probe's step `action`, started at `t0`, ended now: the gauge counts
