@@ -337,16 +337,20 @@ fn execute_with(
         .map(|b| b.len)
         .max()
         .unwrap_or(0);
-    let (mut probe, mut stage_streams) = match cx.stage_writes {
+    let (probe, streams) = match cx.stage_writes {
         Some(forced) => (false, forced),
         None => (
             w.handoff.probing(cx.seq, biggest),
             w.handoff.streams(cx.seq, biggest),
         ),
     };
-    let mut settling = probe && handoff::Handoff::settles_in_call(biggest);
+    let mut staging = Staging {
+        probe,
+        settling: probe && handoff::Handoff::settles_in_call(biggest),
+        streams,
+    };
     let judge = handoff::Handoff::judge_bytes(biggest);
-    stage_writes_on_links(&mut net.links, stage_streams);
+    stage_writes_on_links(&mut net.links, staging.streams);
     // Which copies stream (`final_copy`): a local copy (`local`) may also
     // move the own input, unless peers read this rank's output during the
     // call, and then none of its local copies into it stream.
@@ -574,10 +578,10 @@ fn execute_with(
             if !arrived {
                 begin(began, iu);
             }
-            let timed = probe.then(crate::sys::Stamp::now);
+            let timed = staging.probe.then(crate::sys::Stamp::now);
             let pending = match sched.steps[iu].action {
                 Action::Copy { src, dst }
-                    if streams(src, dst, true) || (dst.buf == SHARED && stage_streams) =>
+                    if streams(src, dst, true) || (dst.buf == SHARED && staging.streams) =>
                 {
                     compute.copy_final(region(bufs, own, dst, es), region(bufs, own, src, es))?
                 }
@@ -646,7 +650,7 @@ fn execute_with(
                             // destinations go first.
                             let also = region(bufs, own, a, es);
                             let out = stream_out && a.buf == OUTPUT;
-                            let staged = dst.buf == SHARED && stage_streams;
+                            let staged = dst.buf == SHARED && staging.streams;
                             let (first, second) = match !out && staged {
                                 true => (to, also),
                                 false => (also, to),
@@ -845,13 +849,11 @@ fn execute_with(
                 _ => unreachable!("message steps run on channels"),
             };
             if let Some(t0) = timed {
-                handoff_step(handoff, &sched.steps[iu].action, es, t0, stage_streams);
+                handoff_step(handoff, &sched.steps[iu].action, es, t0, staging.streams);
                 // Judged here too, not only when the rank waits: a rank
                 // whose peers are always ahead would run its whole call
                 // before looking.
-                if settling && settle_staging(handoff, judge, &mut net.links, &mut stage_streams) {
-                    (settling, probe) = (false, false);
-                }
+                staging.settle(handoff, judge, &mut net.links);
             }
             progressed = true;
             if compute.poll(pending)? {
@@ -884,7 +886,8 @@ fn execute_with(
                 // buffer alive and unmodified for the call.
                 let payload = unsafe { std::slice::from_raw_parts(p, n) };
                 let link = net.links[ch.peer].as_mut().unwrap();
-                let t0 = (probe && link.copies_through_memory()).then(crate::sys::Stamp::now);
+                let t0 =
+                    (staging.probe && link.copies_through_memory()).then(crate::sys::Stamp::now);
                 let r = {
                     if ch.s_off < HEADER_LEN {
                         link.write(
@@ -901,20 +904,15 @@ fn execute_with(
                 match r {
                     Ok(k) => {
                         if let Some(t0) = t0.filter(|_| k > 0) {
-                            handoff.wrote(k, crate::sys::Stamp::now().ns_since(t0), stage_streams);
+                            handoff.wrote(
+                                k,
+                                crate::sys::Stamp::now().ns_since(t0),
+                                staging.streams,
+                            );
                             // Judged here too, and after each read: a
                             // rank's writes may run a whole call's share
                             // ahead of its reads (`Handoff::open_writes`).
-                            if settling
-                                && settle_staging(
-                                    handoff,
-                                    judge,
-                                    &mut net.links,
-                                    &mut stage_streams,
-                                )
-                            {
-                                (settling, probe) = (false, false);
-                            }
+                            staging.settle(handoff, judge, &mut net.links);
                         }
                         ch.s_off += k;
                         progressed |= k > 0;
@@ -964,7 +962,8 @@ fn execute_with(
                 // `mem`, or the staging slot sized above) and nothing else aliases it now.
                 let payload = unsafe { std::slice::from_raw_parts_mut(target, n) };
                 let link = net.links[ch.peer].as_mut().unwrap();
-                let t0 = (probe && link.copies_through_memory()).then(crate::sys::Stamp::now);
+                let t0 =
+                    (staging.probe && link.copies_through_memory()).then(crate::sys::Stamp::now);
                 let r = {
                     if ch.r_off < HEADER_LEN {
                         let (h, _) = ch.r_hdr.split_at_mut(HEADER_LEN);
@@ -993,16 +992,7 @@ fn execute_with(
                     Ok(k) => {
                         if let Some(t0) = t0.filter(|_| k > 0) {
                             handoff.read(k, crate::sys::Stamp::now().ns_since(t0));
-                            if settling
-                                && settle_staging(
-                                    handoff,
-                                    judge,
-                                    &mut net.links,
-                                    &mut stage_streams,
-                                )
-                            {
-                                (settling, probe) = (false, false);
-                            }
+                            staging.settle(handoff, judge, &mut net.links);
                         }
                         let before = ch.r_off;
                         ch.r_off += k;
@@ -1054,12 +1044,10 @@ fn execute_with(
         }
 
         if remaining == 0 {
-            handoff.ended(probe);
+            handoff.ended(staging.probe);
             return Ok(());
         }
-        if settling && settle_staging(handoff, judge, &mut net.links, &mut stage_streams) {
-            (settling, probe) = (false, false);
-        }
+        staging.settle(handoff, judge, &mut net.links);
         if progressed {
             spin.moved();
             asleep = None;
@@ -1122,25 +1110,42 @@ fn stage_writes_on_links(links: &mut [Option<Box<dyn Link>>], streams: bool) {
     }
 }
 
-/// Within a call that settles its staging: whether the gauge has settled
-/// (judgements of `judge` bytes); the call's staging writes
-/// (`stage_streams`, the links told) go as it settled, or until then as
-/// its open judgement wants them (`Handoff::open_writes`).
-fn settle_staging(
-    gauge: &mut handoff::Handoff,
-    judge: u64,
-    links: &mut [Option<Box<dyn Link>>],
-    stage_streams: &mut bool,
-) -> bool {
-    let (streams, settled) = match gauge.settle(judge) {
-        Some(streams) => (streams, true),
-        None => (gauge.open_writes(judge), false),
-    };
-    if streams != *stage_streams {
-        stage_writes_on_links(links, streams);
-        *stage_streams = streams;
+/// How a call writes its staging, and whether it still probes.
+struct Staging {
+    /// The call times its copies for the hand-off gauge.
+    probe: bool,
+    /// The probe settles within the call (`Handoff::settle`).
+    settling: bool,
+    /// Staging writes (the copy-in's and the links') stream.
+    streams: bool,
+}
+
+impl Staging {
+    /// After a timed copy in a call that settles: once the gauge has
+    /// settled (judgements of `judge` bytes) the rest of the call writes
+    /// as it settled and times nothing; until then as its open judgement
+    /// wants (`Handoff::open_writes`). The links are told of each turn.
+    fn settle(
+        &mut self,
+        gauge: &mut handoff::Handoff,
+        judge: u64,
+        links: &mut [Option<Box<dyn Link>>],
+    ) {
+        if !self.settling {
+            return;
+        }
+        let (streams, settled) = match gauge.settle(judge) {
+            Some(streams) => (streams, true),
+            None => (gauge.open_writes(judge), false),
+        };
+        if streams != self.streams {
+            stage_writes_on_links(links, streams);
+            self.streams = streams;
+        }
+        if settled {
+            (self.settling, self.probe) = (false, false);
+        }
     }
-    settled
 }
 
 /// A probe's step `action`, started at `t0`, ended now: the gauge counts
