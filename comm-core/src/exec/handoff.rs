@@ -55,7 +55,8 @@
 //! by [`Handoff::judge_bytes`] at a time, and the rest of its writes
 //! follow as soon as the judgements settle ([`Handoff::settle`]: one that
 //! agrees with the way the gauge writes, or the second in a row against
-//! it). Judging only at the end of a probe, two
+//! it); writes past a judgement's worth whose reads lag go the gauge's
+//! way meanwhile ([`Handoff::open_writes`]). Judging only at the end of a probe, two
 //! probes eight calls apart, a 2-rank 16 MiB all_gather ran cached
 //! through most of a benchmark caught split, at 1.6-1.9x Open MPI's time
 //! and 2-2.8x its own with streamed writes (docs/PERFORMANCE.md,
@@ -593,8 +594,8 @@ mod tests {
         h.wrote(2 * n, 1, false);
         h.read(n / 2, 1);
         assert!(!h.open_writes(judge));
-        // A rank that measures its streamed writes (it only writes) keeps
-        // streaming them: it holds no writes through the cache to judge.
+        // A rank that only writes, with no streamed rate yet, streams to
+        // measure one (`measures_streamed`), as its probes did before.
         let mut h = Handoff::default();
         h.wrote(n, (n as f64 / 2.0) as u64, false);
         h.ended(true);
