@@ -56,9 +56,9 @@
 //! follow as soon as the judgements settle ([`Handoff::settle`]: one that
 //! agrees with the way the gauge writes, or the second in a row against
 //! it); writes past a judgement's worth whose reads lag go the gauge's
-//! way meanwhile ([`Handoff::open_writes`]). Judging only at the end of a probe, two
-//! probes eight calls apart, a 2-rank 16 MiB all_gather ran cached
-//! through most of a benchmark caught split, at 1.6-1.9x Open MPI's time
+//! way meanwhile ([`Handoff::open_writes`]). Judging only at the end of
+//! a probe, two probes eight calls apart, a 2-rank 16 MiB all_gather ran
+//! cached through most of a benchmark caught split, at 1.6-1.9x Open MPI's time
 //! and 2-2.8x its own with streamed writes (docs/PERFORMANCE.md,
 //! eighteenth round). A large call (from [`EVERY_CALL_FROM`] bytes: a
 //! 4-rank 256 MiB all_reduce takes 75-250 ms) probes at its own start
