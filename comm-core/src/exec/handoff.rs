@@ -288,8 +288,9 @@ impl Handoff {
     /// probe reads and writes 32 KiB, and with each probe judged alone
     /// (and too small to) the gauge never decided for such calls, which
     /// on two caches ran at 19-22 us against 5-7 streamed and Open MPI's
-    /// 7.4 (docs/PERFORMANCE.md, nineteenth round). A rank whose probes only write judges its writes against
-    /// its streamed ones (`judge_one_way`); one whose probes only read
+    /// 7.4 (docs/PERFORMANCE.md, nineteenth round). A rank whose probes
+    /// only write judges its writes against its streamed ones
+    /// (`judge_one_way`); one whose probes only read
     /// has nothing to decide (it writes no staging) and starts its tallies
     /// again rather than carry a long history into some later call's
     /// judgement.
