@@ -60,8 +60,9 @@ pub struct Args {
     /// 0 = forever.
     pub run_cycles: usize,
     pub np: Option<usize>,
-    /// `--bind`: each `--np` rank on a core of its own (the default, as
-    /// `mpirun` binds), or wherever the scheduler puts it.
+    /// `--bind`: each `--np` rank on a core of its own, round-robin where
+    /// ranks outnumber cores (the default, as `mpirun` binds), or wherever
+    /// the scheduler puts it.
     pub bind_cores: bool,
     /// `-t` and `-g`: this process runs `nthreads * ngpus` ranks (what
     /// nccl-tests drives per process), one thread each, each on GPU
@@ -152,8 +153,8 @@ USAGE: <collective>_perf
   [-J,--output_file <file>]              write results as JSON
   oxccl additions:
   [--np <ranks>]                         launch this many local ranks (unless already under a launcher)
-  [--bind <cores|none>]                  --np ranks each on a core of its own while there are enough (default cores, as mpirun
-                                         binds; only for one rank per process on host memory)
+  [--bind <cores|none>]                  --np ranks each on a core of its own, round-robin where ranks outnumber cores
+                                         (default cores, as mpirun binds; only for one rank per process on host memory)
   [--transport <auto|tcp|shm|rdma>]      force a transport
   [--algo <auto|NAME>]                   force an algorithm (ring, oneshot, chain, direct, ...)
   [--registered]                         use communicator-registered buffers (with --mem cuda: CUDA IPC buffers)

@@ -61,7 +61,7 @@ pub fn main(coll: Coll) -> i32 {
                     && args.nthreads * args.ngpus == 1
                     && args.mem == args::Mem::Host
                 {
-                    true => Bind::cores_if_enough(np),
+                    true => Bind::Cores,
                     false => Bind::None,
                 },
             });

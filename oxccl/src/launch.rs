@@ -38,22 +38,15 @@ pub enum Bind {
     /// Rank `r` on the `r`-th CPU of the launcher's mask alone, as
     /// `mpirun` binds ranks to cores by default: two ranks never share a
     /// core while another idles (a rank that spins for a peer on its own
-    /// core then waits for the peer, not for the scheduler). For ranks of
-    /// one thread each (benchmarks); a rank that runs threads of its own
-    /// (a trainer's compute pool) wants `None`. With fewer CPUs than
-    /// ranks, nothing is bound (and the launch says so).
+    /// core then waits for the peer, not for the scheduler). With fewer
+    /// CPUs than ranks, round-robin: rank `r` on CPU `r mod n`, several
+    /// ranks a CPU (`mpirun --map-by core --bind-to core:overload-allowed`),
+    /// so that each CPU runs the same ranks every call: 4 ranks on 2 CPUs
+    /// took 0.73-0.97x the time the scheduler's placement took, 8 bytes to
+    /// 16 MiB (docs/PERFORMANCE.md, twenty-sixth round). For ranks of one
+    /// thread each (benchmarks); a rank that runs threads of its own (a
+    /// trainer's compute pool) wants `None`.
     Cores,
-}
-
-impl Bind {
-    /// `Cores` when this process may run on at least `nranks` CPUs, else
-    /// `None` (a default that binds where it can and says nothing).
-    pub fn cores_if_enough(nranks: usize) -> Bind {
-        match comm_core::sys::allowed_cpus().len() >= nranks {
-            true => Bind::Cores,
-            false => Bind::None,
-        }
-    }
 }
 
 /// What to launch.
@@ -172,14 +165,23 @@ fn cpus_to_bind(bind: Bind, nranks: usize) -> Option<Vec<usize>> {
         return None;
     }
     let cpus = comm_core::sys::allowed_cpus();
-    if cpus.len() < nranks {
-        eprintln!(
-            "oxrun: {nranks} ranks on {} CPUs: not binding ranks to cores",
-            cpus.len()
-        );
+    if cpus.is_empty() {
+        eprintln!("oxrun: this process's CPU mask is unreadable: not binding ranks to cores");
         return None;
     }
-    Some(cpus)
+    if cpus.len() < nranks {
+        eprintln!(
+            "oxrun: {nranks} ranks on {} CPUs: binding them round-robin, several to a CPU",
+            cpus.len()
+        );
+    }
+    Some(round_robin(&cpus, nranks))
+}
+
+/// Rank `r`'s CPU: the `r`-th of `cpus`, round-robin where ranks outnumber
+/// them. `cpus` is not empty.
+fn round_robin(cpus: &[usize], nranks: usize) -> Vec<usize> {
+    (0..nranks).map(|r| cpus[r % cpus.len()]).collect()
 }
 
 /// Start the command bound to `cpu` alone.
@@ -410,4 +412,17 @@ fn attempt(l: &Launch, restart: usize) -> (i32, bool) {
         let _ = p.join();
     }
     (exit_code, interrupted)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_beyond_the_cpus_share_them_round_robin() {
+        assert_eq!(round_robin(&[3, 5], 2), [3, 5]);
+        assert_eq!(round_robin(&[3, 5], 5), [3, 5, 3, 5, 3]);
+        assert_eq!(round_robin(&[0, 1, 2, 3], 2), [0, 1]);
+        assert_eq!(cpus_to_bind(Bind::None, 4), None);
+    }
 }

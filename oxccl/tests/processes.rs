@@ -125,10 +125,18 @@ fn oxrun_binds_each_rank_to_a_core_of_its_own_when_asked() {
         }
         assert_ne!(bound[0], bound[1], "a CPU each: {bound:?}");
     }
-    // More ranks than CPUs: nothing bound, and the launch says so.
+    // More ranks than CPUs: one CPU each, round-robin (rank `cpus` back
+    // on rank 0's), and the launch says so.
     let (many, err) = allowed_cpus_under_oxrun(cpus + 1, &["--bind", "cores"]);
-    assert!(many.iter().all(|l| *l == unbound[0]), "{many:?}");
-    assert!(err.contains("not binding ranks to cores"), "{err}");
+    assert_eq!(many.len(), cpus + 1, "{many:?}");
+    for list in &many {
+        assert!(list.parse::<usize>().is_ok(), "one CPU each: {many:?}");
+    }
+    assert_eq!(many[cpus], many[0], "round-robin: {many:?}");
+    if cpus >= 2 {
+        assert_ne!(many[1], many[0], "{many:?}");
+    }
+    assert!(err.contains("binding them round-robin"), "{err}");
     let bad = Command::new(OXRUN)
         .args(["-n", "2", "--bind", "sockets", "true"])
         .output()
